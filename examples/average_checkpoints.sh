@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Average the model parameters of the last N checkpoints of a fairseq run.
+#
+#   examples/average_checkpoints.sh SAVE_DIR N OUT.pt [--kind auto|epoch|update] [--keep-optimizer-state]
+#
+# Uses checkpoint_E_U.pt (update) files when SAVE_DIR has any, else checkpointE.pt (epoch)
+# files; sorted by number, the last N are averaged (python -m fairseq_nat_ext.checkpoint_average,
+# which loads through fairseq's load_checkpoint_to_cpu with this package's compat active).
+# Fewer than N checkpoints: one-line error, exit 1.
+set -euo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+if [[ $# -lt 3 ]]; then
+    sed -n '2,9p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+    exit 2
+fi
+PYTHON="${PYTHON:-python}"
+command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
+PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" exec "$PYTHON" -m fairseq_nat_ext.checkpoint_average "$@"

@@ -1,0 +1,25 @@
+"""fairseq_nat_ext: a fairseq plugin (``--user-dir fairseq_nat_ext``).
+
+Importing the package applies the compat shims first, then imports every subpackage so that fairseq's
+decorators register the tasks, models (archs) and criterions.  Importing it twice (e.g. a hub import
+followed by ``--user-dir``, or in-process tests) registers nothing twice.
+"""
+from . import compat
+
+compat.apply()
+
+_REGISTRATION_KEY = "_fairseq_nat_ext_registered"
+
+
+def _register_once():
+    import fairseq
+
+    if getattr(fairseq, _REGISTRATION_KEY, None):
+        return  # already registered by an earlier import (maybe under another module name)
+    setattr(fairseq, _REGISTRATION_KEY, __name__)
+    from . import criterions, generators, models, tasks  # noqa: F401  (registration)
+
+
+_register_once()
+
+__version__ = "0.1.0"

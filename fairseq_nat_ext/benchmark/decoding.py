@@ -1,0 +1,134 @@
+"""Decoding strings: the ``decoding`` column of the results and the ``--decoding`` CLI option.
+
+A decoding string is ``key=value`` pairs joined by commas without spaces, e.g. ``beam=5`` or
+``iter=10,len_beam=3``.  Each short key stands for one standard fairseq generation option:
+
+==============  ===============================  =======  ==========================================
+key             fairseq option                   type     used by
+==============  ===============================  =======  ==========================================
+``beam``        ``--beam``                       int      autoregressive beam search
+``lenpen``      ``--lenpen``                     float    autoregressive beam search
+``max_len_a``   ``--max-len-a``                  float    autoregressive beam search
+``max_len_b``   ``--max-len-b``                  int      autoregressive beam search
+``iter``        ``--iter-decode-max-iter``       int      iterative (NAT) decoding
+``len_beam``    ``--iter-decode-with-beam``      int      iterative (NAT) decoding: length beam
+``force_iter``  ``--iter-decode-force-max-iter`` bool     iterative (NAT) decoding: no early stop
+``eos_penalty`` ``--iter-decode-eos-penalty``    float    fairseq's IterativeRefinementGenerator
+==============  ===============================  =======  ==========================================
+
+:func:`format_decoding` writes the canonical form: keys in the order of the table, integers (and
+integral floats) without a decimal point, booleans as ``1``/``0``.  ``parse_decoding`` followed by
+``format_decoding`` is the identity on canonical strings.  Options not named keep fairseq-generate's
+defaults (:func:`generation_options`).
+"""
+import argparse
+import re
+
+# key -> (fairseq option name, type, kind)
+KEYS = {
+    "beam": ("beam", int, "ar"),
+    "lenpen": ("lenpen", float, "ar"),
+    "max_len_a": ("max_len_a", float, "ar"),
+    "max_len_b": ("max_len_b", int, "ar"),
+    "iter": ("iter_decode_max_iter", int, "nat"),
+    "len_beam": ("iter_decode_with_beam", int, "nat"),
+    "force_iter": ("iter_decode_force_max_iter", bool, "nat"),
+    "eos_penalty": ("iter_decode_eos_penalty", float, "nat"),
+}
+_PAIR_RE = re.compile(r"^([a-z_]+)=([^,=\s]+)$")
+_TRUE, _FALSE = {"1", "true", "yes"}, {"0", "false", "no"}
+
+
+def _parse_value(key, text):
+    _, typ, _ = KEYS[key]
+    if typ is bool:
+        low = text.lower()
+        if low in _TRUE:
+            return True
+        if low in _FALSE:
+            return False
+        raise ValueError(f"decoding: {key}={text}: expected 1/0 (or true/false)")
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"decoding: {key}={text}: not a number") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError(f"decoding: {key}={text}: not a finite number")
+    if typ is int:
+        if not value.is_integer():
+            raise ValueError(f"decoding: {key}={text}: expected an integer")
+        value = int(value)
+        if value < (0 if key == "max_len_b" else 1):
+            raise ValueError(f"decoding: {key}={text}: must be >= {0 if key == 'max_len_b' else 1}")
+    return value
+
+
+def parse_decoding(text):
+    """``"iter=10,len_beam=3"`` -> ``{"iter": 10, "len_beam": 3}`` (ValueError on anything else)."""
+    if not isinstance(text, str) or not text:
+        raise ValueError("decoding: empty decoding string (expected e.g. beam=5 or iter=10,len_beam=3)")
+    out = {}
+    for pair in text.split(","):
+        m = _PAIR_RE.match(pair)
+        if not m:
+            raise ValueError(f"decoding: {text!r}: {pair!r} is not key=value (no spaces)")
+        key, value = m.groups()
+        if key not in KEYS:
+            raise ValueError(f"decoding: unknown key {key!r} in {text!r} (known: {', '.join(KEYS)})")
+        if key in out:
+            raise ValueError(f"decoding: {key!r} given twice in {text!r}")
+        out[key] = _parse_value(key, value)
+    return out
+
+
+def _format_value(value):
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def format_decoding(options):
+    """``{"len_beam": 3, "iter": 10}`` -> ``"iter=10,len_beam=3"`` (canonical order and values)."""
+    unknown = [k for k in options if k not in KEYS]
+    if unknown:
+        raise ValueError(f"decoding: unknown keys {unknown}")
+    if not options:
+        raise ValueError("decoding: no options")
+    return ",".join(f"{k}={_format_value(options[k])}" for k in KEYS if k in options)
+
+
+def canonical_decoding(text):
+    return format_decoding(parse_decoding(text))
+
+
+def is_canonical_decoding(text):
+    try:
+        return canonical_decoding(text) == text
+    except ValueError:
+        return False
+
+
+def decoding_kinds(options):
+    """The set of generator kinds (``"ar"``, ``"nat"``) the options are meant for."""
+    return {KEYS[k][2] for k in options}
+
+
+def generation_options(options, **extra):
+    """fairseq-generate's default generation options with ``options`` (short keys) applied.
+
+    Returns an ``argparse.Namespace`` as ``task.build_generator(models, args)`` expects; ``extra``
+    sets further fairseq option names directly.
+    """
+    from fairseq.dataclass.configs import GenerationConfig
+
+    defaults = GenerationConfig()
+    ns = argparse.Namespace(
+        **{name: getattr(defaults, name) for name in GenerationConfig.__dataclass_fields__}
+    )
+    for key, value in options.items():
+        setattr(ns, KEYS[key][0], value)
+    for name, value in extra.items():
+        setattr(ns, name, value)
+    return ns

@@ -1,0 +1,129 @@
+"""Where a row comes from: system name, training cost, hardware.
+
+Training cost (``train_updates``, ``train_wall_s``) is taken, in this order of precedence, from
+explicit values (CLI), a fairseq training log, or the checkpoint:
+
+* checkpoint: fairseq's ``Trainer.state_dict`` stores ``optimizer_history[-1]["num_updates"]`` and
+  ``extra_state["previous_training_time"]`` (cumulative wall seconds of training, carried over
+  restarts); older checkpoints may only hold the ``wall`` meter in ``extra_state["metrics"]``.
+  Stripped checkpoints (e.g. the shared teacher) may lack the time: then it must be given.
+* log: the last line of a ``fairseq-train`` log that reports both ``num_updates`` and ``wall``
+  (simple or JSON log format).
+"""
+import os
+import re
+
+_UPDATES_RE = re.compile(r"\bnum_updates\"?\s*[:|]?\s*\"?(\d+)")
+_WALL_RE = re.compile(r"\bwall\"?\s*[:|]?\s*\"?(\d+(?:\.\d+)?)")
+
+
+def _field(obj, name):
+    if obj is None:
+        return None
+    if hasattr(obj, "get") and not isinstance(obj, type):  # dict, DictConfig
+        try:
+            return obj.get(name)
+        except Exception:  # omegaconf raises on missing keys of structured configs
+            return None
+    return getattr(obj, name, None)
+
+
+def arch_of_state(state):
+    """Registered arch name stored in a checkpoint dict (``cfg.model.arch``/``_name`` or legacy
+    ``args.arch``); None when absent."""
+    cfg = state.get("cfg")
+    for holder in (_field(cfg, "model"), cfg, state.get("args")):
+        for name in ("arch", "_name"):
+            value = _field(holder, name)
+            if isinstance(value, str) and value:
+                return value
+    return None
+
+
+def system_name(arch, model_module):
+    """``mask_predict`` for this plugin's archs, ``fairseq:<arch>`` for fairseq's own."""
+    if model_module.split(".")[0] == "fairseq_nat_ext":
+        return arch
+    return f"fairseq:{arch}"
+
+
+def training_stats_from_state(state):
+    """(num_updates or None, wall seconds or None) from a loaded fairseq checkpoint dict."""
+    updates = wall = None
+    history = state.get("optimizer_history") or []
+    if history and history[-1].get("num_updates") is not None:
+        updates = int(history[-1]["num_updates"])
+    extra = state.get("extra_state") or {}
+    if extra.get("previous_training_time") is not None:
+        wall = float(extra["previous_training_time"])
+    else:
+        for entry in (extra.get("metrics") or {}).get("default", []) or []:
+            # MetersDict.state_dict(): (priority, key, meter class name, meter state)
+            if len(entry) == 4 and entry[1] == "wall" and isinstance(entry[3], dict):
+                wall = float(entry[3].get("init", 0.0))
+    return updates, wall
+
+
+def training_stats_from_log(path):
+    """(num_updates or None, wall seconds or None) from the last log line that has both."""
+    updates = wall = None
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            u, w = _UPDATES_RE.search(line), _WALL_RE.search(line)
+            if u and w:
+                updates, wall = int(u.group(1)), float(w.group(1))
+    return updates, wall
+
+
+def resolve_training_stats(explicit_updates=None, explicit_wall=None, log_path=None, state=None):
+    """Combine the sources (explicit > log > checkpoint); ValueError naming what is missing."""
+    updates, wall = explicit_updates, explicit_wall
+    for source in (
+        (lambda: training_stats_from_log(log_path)) if log_path else None,
+        (lambda: training_stats_from_state(state)) if state is not None else None,
+    ):
+        if source is None or (updates is not None and wall is not None):
+            continue
+        u, w = source()
+        updates = u if updates is None else updates
+        wall = w if wall is None else wall
+    missing = [n for n, v in (("train updates", updates), ("train wall time", wall)) if v is None]
+    if missing:
+        raise ValueError(
+            f"{' and '.join(missing)} not found in the checkpoint"
+            + (" or the training log" if log_path else "")
+            + ": pass --train-updates / --train-wall-s (or --train-log)"
+        )
+    if updates < 0 or wall < 0:
+        raise ValueError("train updates and wall time must be >= 0")
+    return int(updates), float(wall)
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return " ".join(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def available_cores():
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def hardware_description(device="cpu"):
+    """``"<CPU model>, N cores"`` or ``"<CUDA device name> (CUDA), host <CPU model>, N cores"``."""
+    host = f"{cpu_model()}, {available_cores()} cores"
+    if str(device).startswith("cuda"):
+        import torch
+
+        return f"{torch.cuda.get_device_name(torch.device(device))} (CUDA), host {host}"
+    return host

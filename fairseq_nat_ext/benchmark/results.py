@@ -1,0 +1,239 @@
+"""The results file: one JSON per benchmark, e.g. ``benchmarks/results/mask_predict.json``.
+
+Schema (exactly these keys, nothing else)::
+
+    {"benchmark": str, "data": str, "hardware": str, "threads": int, "command": str,
+     "sacrebleu_signature": str, "rows": [row, ...]}
+
+    row = {"system": str, "decoding": str, "distilled": bool, "bleu": float, "tok_bleu": float,
+           "latency_ms_b1": float, "sent_per_s_b128": float, "iterations": float,
+           "repeat_rate": float, "train_updates": int, "train_wall_s": float, "hyp": str}
+
+* ``system``: the registered arch for this plugin's models (``mask_predict``), ``fairseq:<arch>`` for
+  fairseq's built-ins (``fairseq:transformer``, ``fairseq:cmlm_transformer``), ``reference`` for the
+  human reference row.
+* ``decoding``: canonical decoding string (:mod:`.decoding`), e.g. ``beam=5``, ``iter=10,len_beam=3``;
+  ``none`` for the reference row only.
+* ``bleu``/``tok_bleu`` in [0, 100]; ``repeat_rate`` is a fraction in [0, 1]; latency, throughput,
+  iterations, train_updates and train_wall_s are >= 0.
+* ``hyp``: the committed hypothesis file ``benchmarks/results/<benchmark>/<file>`` where ``<file>``
+  is :func:`hyp_filename` (``:`` replaced by ``_``; ``__distilled`` appended for rows of systems
+  trained on distilled data, so that a raw and a distilled run of one system never share a file).
+  For the reference row it is the raw reference file itself.
+
+The reference row (``--reference-row``) scores the reference against itself: ``bleu`` and
+``tok_bleu`` 100.0, ``latency_ms_b1``, ``sent_per_s_b128``, ``iterations``, ``train_updates`` and
+``train_wall_s`` 0, ``distilled`` false; only its ``repeat_rate`` is informative.
+
+Rows are keyed by (system, decoding, distilled): :func:`upsert_row` replaces the row with the same key
+(in place) and keeps every other row.
+"""
+import json
+import math
+import os
+import tempfile
+
+from .decoding import is_canonical_decoding
+
+TOP_FIELDS = {
+    "benchmark": str,
+    "data": str,
+    "hardware": str,
+    "threads": int,
+    "command": str,
+    "sacrebleu_signature": str,
+    "rows": list,
+}
+ROW_FIELDS = {
+    "system": str,
+    "decoding": str,
+    "distilled": bool,
+    "bleu": float,
+    "tok_bleu": float,
+    "latency_ms_b1": float,
+    "sent_per_s_b128": float,
+    "iterations": float,
+    "repeat_rate": float,
+    "train_updates": int,
+    "train_wall_s": float,
+    "hyp": str,
+}
+REFERENCE_SYSTEM = "reference"
+REFERENCE_DECODING = "none"
+_RANGES = {
+    "bleu": (0.0, 100.0),
+    "tok_bleu": (0.0, 100.0),
+    "repeat_rate": (0.0, 1.0),
+    "latency_ms_b1": (0.0, math.inf),
+    "sent_per_s_b128": (0.0, math.inf),
+    "iterations": (0.0, math.inf),
+    "train_updates": (0, math.inf),
+    "train_wall_s": (0.0, math.inf),
+}
+
+
+def _type_ok(value, typ):
+    if typ is float:  # a JSON number; bool is not a number here
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if typ is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, typ)
+
+
+def _check_fields(obj, fields, where):
+    errors = []
+    if not isinstance(obj, dict):
+        return [f"{where}: expected an object, got {type(obj).__name__}"]
+    for key in fields:
+        if key not in obj:
+            errors.append(f"{where}: missing key {key!r}")
+    for key in obj:
+        if key not in fields:
+            errors.append(f"{where}: unexpected key {key!r}")
+    for key, typ in fields.items():
+        if key in obj and not _type_ok(obj[key], typ):
+            errors.append(f"{where}.{key}: expected {typ.__name__}, got {obj[key]!r}")
+    return errors
+
+
+def row_key(row):
+    return (row["system"], row["decoding"], bool(row["distilled"]))
+
+
+def validate_row(row, where="row"):
+    """List of problems with one row (empty when valid)."""
+    errors = _check_fields(row, ROW_FIELDS, where)
+    if errors:
+        return errors
+    for key, (lo, hi) in _RANGES.items():
+        if not lo <= row[key] <= hi:
+            errors.append(f"{where}.{key}: {row[key]} outside [{lo}, {hi}]")
+    if not row["system"].strip():
+        errors.append(f"{where}.system: empty")
+    if not row["hyp"].strip():
+        errors.append(f"{where}.hyp: empty")
+    if row["system"] == REFERENCE_SYSTEM:
+        if row["decoding"] != REFERENCE_DECODING:
+            errors.append(f"{where}.decoding: the reference row's decoding must be 'none'")
+    elif not is_canonical_decoding(row["decoding"]):
+        errors.append(
+            f"{where}.decoding: {row['decoding']!r} is not a canonical decoding string "
+            "(key=value joined by commas, e.g. beam=5 or iter=10,len_beam=3)"
+        )
+    return errors
+
+
+def validate_results(obj):
+    """List of problems with a results object (empty when it follows the schema)."""
+    errors = _check_fields(obj, TOP_FIELDS, "results")
+    if any("rows" in e for e in errors) or not isinstance(obj, dict):
+        return errors
+    if "threads" in obj and _type_ok(obj["threads"], int) and obj["threads"] < 1:
+        errors.append("results.threads: must be >= 1")
+    if "benchmark" in obj and isinstance(obj["benchmark"], str) and not obj["benchmark"].strip():
+        errors.append("results.benchmark: empty")
+    seen = set()
+    for i, row in enumerate(obj["rows"]):
+        row_errors = validate_row(row, f"rows[{i}]")
+        errors.extend(row_errors)
+        if not row_errors:
+            key = row_key(row)
+            if key in seen:
+                errors.append(f"rows[{i}]: duplicate row for {key}")
+            seen.add(key)
+    return errors
+
+
+class ResultsSchemaError(ValueError):
+    pass
+
+
+def check_results(obj, source="results"):
+    errors = validate_results(obj)
+    if errors:
+        raise ResultsSchemaError(f"{source}: " + "; ".join(errors))
+    return obj
+
+
+def load_results(path):
+    with open(path, encoding="utf-8") as f:
+        obj = json.load(f)
+    return check_results(obj, str(path))
+
+
+def save_results(path, obj):
+    """Validate, then write atomically (2-space indent, trailing newline)."""
+    check_results(obj, str(path))
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".results.", suffix=".json", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(obj, f, indent=2, ensure_ascii=False)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def new_results(benchmark, data, hardware, threads, command, sacrebleu_signature):
+    return {
+        "benchmark": benchmark,
+        "data": data,
+        "hardware": hardware,
+        "threads": int(threads),
+        "command": command,
+        "sacrebleu_signature": sacrebleu_signature,
+        "rows": [],
+    }
+
+
+def make_row(system, decoding, distilled, bleu, tok_bleu, latency_ms_b1, sent_per_s_b128,
+             iterations, repeat_rate, train_updates, train_wall_s, hyp):
+    """A row with the schema's types (floats rounded to 4 decimals for stable diffs)."""
+    row = {
+        "system": str(system),
+        "decoding": str(decoding),
+        "distilled": bool(distilled),
+        "bleu": round(float(bleu), 4),
+        "tok_bleu": round(float(tok_bleu), 4),
+        "latency_ms_b1": round(float(latency_ms_b1), 4),
+        "sent_per_s_b128": round(float(sent_per_s_b128), 4),
+        "iterations": round(float(iterations), 4),
+        "repeat_rate": round(float(repeat_rate), 6),
+        "train_updates": int(train_updates),
+        "train_wall_s": round(float(train_wall_s), 1),
+        "hyp": str(hyp),
+    }
+    errors = validate_row(row)
+    if errors:
+        raise ResultsSchemaError("; ".join(errors))
+    return row
+
+
+def upsert_row(results, row):
+    """Replace the row with the same (system, decoding, distilled) in place, else append it."""
+    key = row_key(row)
+    for i, old in enumerate(results["rows"]):
+        if row_key(old) == key:
+            results["rows"][i] = row
+            return results
+    results["rows"].append(row)
+    return results
+
+
+def hyp_filename(system, decoding, distilled):
+    """``fairseq:transformer``, ``beam=5`` -> ``fairseq_transformer__beam=5.txt``."""
+    name = f"{system.replace(':', '_').replace(os.sep, '_')}__{decoding}"
+    if distilled:
+        name += "__distilled"
+    return name + ".txt"
+
+
+def hyp_path(results_json, benchmark, system, decoding, distilled):
+    """``<dir of results_json>/<benchmark>/<hyp_filename>``."""
+    return os.path.join(
+        os.path.dirname(results_json) or ".", benchmark, hyp_filename(system, decoding, distilled)
+    )

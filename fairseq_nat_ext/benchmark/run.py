@@ -1,0 +1,325 @@
+"""Benchmark one system (one checkpoint, one or more decodings) and upsert its rows into a results JSON.
+
+    python -m fairseq_nat_ext.benchmark.run --benchmark mask_predict \\
+        --data-bin DATA_BIN --raw-ref /work/shared/data/multi30k/test_2016_flickr.de.gz \\
+        --src-lang en --tgt-lang de --system-ckpt checkpoint_best.pt \\
+        --decoding iter=4,len_beam=3 --decoding iter=10,len_beam=3 --distilled \\
+        --train-updates 30000 --train-wall-s 7200 --threads 2 --latency-sentences 200 \\
+        --out benchmarks/results/mask_predict.json
+
+For every ``--decoding`` it decodes ``--subset`` (default test) of ``--data-bin``, writes the
+detokenised hypotheses to ``<dir of --out>/<benchmark>/<system>__<decoding>[__distilled].txt`` and
+replaces (or adds) the row (system, decoding, distilled) of ``--out``; other rows are kept.  The
+JSON is rewritten after every decoding.  ``--reference-row`` adds the reference's own row (see
+:mod:`.results`); it needs only ``--raw-ref`` and ``--tgt-lang``.
+
+Metrics: :mod:`.scoring` (BLEU, tokenised BLEU, repeat rate), :mod:`.timing` (latency protocol),
+:mod:`.inference` (iterations).  ``--limit N`` benchmarks only the first N sentences (and the first N
+reference lines): for smoke tests, not for published numbers.
+
+``--valid-tune`` first decodes ``--valid-subset`` with every ``--decoding`` and logs its tokenised
+BLEU against the data-bin's own (BPE-removed) valid target, so decoding choices can be made on valid
+data; nothing of it is written to the results.
+
+The ``command`` field of the results is this command line, or ``--command`` when given (benchmark
+scripts pass their own invocation there, so that ``command`` reproduces the whole table).
+"""
+import argparse
+import logging
+import os
+import shlex
+import sys
+
+from . import decoding as dec
+from . import results as res
+from . import scoring
+
+logger = logging.getLogger("fairseq_nat_ext.benchmark")
+
+BATCH_SIZE_THROUGHPUT = 128
+
+
+def build_parser():
+    p = argparse.ArgumentParser(
+        prog="python -m fairseq_nat_ext.benchmark.run",
+        description="Benchmark a fairseq checkpoint (BLEU, latency, throughput, iterations, "
+        "repeat rate) and upsert its rows into a results JSON.",
+    )
+    p.add_argument("--benchmark", required=True, help="benchmark name, e.g. mask_predict")
+    p.add_argument("--out", required=True, help="results JSON (created or updated)")
+    p.add_argument("--raw-ref", required=True,
+                   help="ORIGINAL raw reference of the subset (plain or .gz), one line per sentence")
+    p.add_argument("--tgt-lang", required=True)
+    p.add_argument("--src-lang")
+    p.add_argument("--data-bin", help="fairseq data-bin holding --subset")
+    p.add_argument("--subset", default="test")
+    p.add_argument("--data-name", help="the results' 'data' field (default: describes data-bin, "
+                   "subset and reference)")
+    p.add_argument("--system-ckpt", help="checkpoint (an ensemble: paths joined by ':')")
+    p.add_argument("--system", help="row name (default: the arch in the checkpoint, "
+                   "'fairseq:<arch>' for fairseq's own models)")
+    p.add_argument("--decoding", action="append", default=[],
+                   help="decoding string, e.g. beam=5 or iter=10,len_beam=3 (repeatable)")
+    p.add_argument("--distilled", action=argparse.BooleanOptionalAction, default=False,
+                   help="the system was trained on distilled targets")
+    p.add_argument("--train-updates", type=int)
+    p.add_argument("--train-wall-s", type=float)
+    p.add_argument("--train-log", help="fairseq-train log to read updates / wall time from")
+    p.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    p.add_argument("--latency-sentences", type=int, default=200,
+                   help="time batch-1 decoding on the first N sentences (0: all; default 200)")
+    p.add_argument("--warmup-sentences", type=int, default=5,
+                   help="untimed batch-1 warm-up on the first N sentences (default 5)")
+    p.add_argument("--limit", type=int, help="benchmark only the first N sentences (smoke tests)")
+    p.add_argument("--reference-row", action="store_true",
+                   help="add the reference row (bleu 100, repeat rate of the reference)")
+    p.add_argument("--valid-tune", action="store_true",
+                   help="log each decoding's tokenised BLEU on --valid-subset first")
+    p.add_argument("--valid-subset", default="valid")
+    p.add_argument("--cuda", action="store_true", help="decode on CUDA when available")
+    p.add_argument("--no-plot", action="store_true", help="do not redraw <benchmark>.png")
+    p.add_argument("--command", help="text of the results' 'command' field")
+    return p
+
+
+def _check_args(p, args):
+    if not args.system_ckpt and not args.reference_row:
+        p.error("nothing to do: give --system-ckpt (with --decoding) and/or --reference-row")
+    if args.system_ckpt:
+        for name in ("data_bin", "src_lang"):
+            if getattr(args, name) is None:
+                p.error(f"--system-ckpt needs --{name.replace('_', '-')}")
+        if not args.decoding:
+            p.error("--system-ckpt needs at least one --decoding (e.g. beam=5)")
+    elif args.decoding:
+        p.error("--decoding needs --system-ckpt")
+    try:
+        args.decoding = [dec.canonical_decoding(d) for d in args.decoding]
+    except ValueError as err:
+        p.error(str(err))
+    if len(set(args.decoding)) != len(args.decoding):
+        p.error("a --decoding is given twice")
+    if args.threads < 1:
+        p.error("--threads must be >= 1")
+    for name in ("latency_sentences", "warmup_sentences"):
+        if getattr(args, name) < 0:
+            p.error(f"--{name.replace('_', '-')} must be >= 0")
+    if args.limit is not None and args.limit < 1:
+        p.error("--limit must be >= 1")
+    if not os.path.isfile(args.raw_ref):
+        p.error(f"--raw-ref {args.raw_ref}: no such file")
+
+
+def _display_path(path):
+    """Path relative to the working directory when inside it (the repo root), else absolute."""
+    rel = os.path.relpath(os.path.abspath(path))
+    return os.path.abspath(path) if rel.startswith("..") else rel
+
+
+def _open_results(args, hardware, command, data, signature):
+    if os.path.exists(args.out):
+        results = res.load_results(args.out)
+        if results["benchmark"] != args.benchmark:
+            raise SystemExit(
+                f"error: {args.out} holds benchmark {results['benchmark']!r}, not {args.benchmark!r}"
+            )
+        if results["threads"] != args.threads and results["rows"]:
+            raise SystemExit(
+                f"error: {args.out} was measured with {results['threads']} threads, this run uses "
+                f"{args.threads}: latencies would not be comparable (use --threads "
+                f"{results['threads']} or another --out)"
+            )
+        if results["hardware"] != hardware and results["rows"]:
+            logger.warning("hardware differs from %s's (%s): its latencies are not comparable",
+                           args.out, results["hardware"])
+        if results["sacrebleu_signature"] not in ("", signature) and results["rows"]:
+            logger.warning("sacreBLEU signature differs from the file's (%s)",
+                           results["sacrebleu_signature"])
+        results.update(hardware=hardware, threads=args.threads, command=command, data=data,
+                       sacrebleu_signature=signature)
+        return results
+    return res.new_results(args.benchmark, data, hardware, args.threads, command, signature)
+
+
+def _write_lines(path, lines):
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        for line in lines:
+            f.write(line + "\n")
+    os.replace(tmp, path)
+
+
+def _valid_tune(system, args):
+    from . import inference as inf
+
+    task, models = system.task, system.models
+    dataset = inf.load_split(task, args.valid_subset)
+    batches = inf.make_batches(task, models, dataset, BATCH_SIZE_THROUGHPUT)
+    tgt_dict = task.target_dictionary
+    refs = {}
+    for b in batches:
+        for i, sid in enumerate(b["id"].tolist()):
+            t = b["target"][i]
+            refs[int(sid)] = scoring.remove_bpe(tgt_dict.string(t[t.ne(tgt_dict.pad())].int()))
+    refs = [refs[i] for i in range(len(dataset))]
+    for d in args.decoding:
+        generator = task.build_generator(models, dec.generation_options(dec.parse_decoding(d)))
+        hyps = inf.in_order(inf.decode(task, generator, models, batches, system.use_cuda),
+                            len(dataset))
+        tok = [scoring.remove_bpe(inf.hypothesis_string(h, tgt_dict, generator)) for h in hyps]
+        logger.info("valid-tune %s %s: tok BLEU %.2f, iterations %.2f, repeat rate %.4f",
+                    args.valid_subset, d, scoring.tokenized_bleu(tok, refs).score,
+                    inf.mean_iterations(hyps), scoring.repeat_rate(tok))
+
+
+def benchmark_system(args, refs, tok_refs, save_row):
+    """Decode with every --decoding and hand each finished row to ``save_row``."""
+    import torch
+
+    from . import inference as inf
+    from . import provenance
+    from .timing import Stopwatch, latency_ms_per_sentence, sentences_per_second
+
+    system = inf.load_system(args.system_ckpt, args.data_bin, args.src_lang, args.tgt_lang,
+                             use_cuda=args.device == "cuda")
+    task, models = system.task, system.models
+    arch = provenance.arch_of_state(system.state)
+    name = args.system or provenance.system_name(arch or "unknown", type(models[0]).__module__)
+    try:
+        updates, wall = provenance.resolve_training_stats(
+            args.train_updates, args.train_wall_s, args.train_log, system.state
+        )
+    except ValueError as err:
+        raise SystemExit(f"error: {args.system_ckpt}: {err}") from None
+    logger.info("system %s (arch %s), %d train updates, %.0f s training", name, arch, updates, wall)
+
+    if args.valid_tune:
+        _valid_tune(system, args)
+
+    dataset = inf.load_split(task, args.subset)
+    dataset = inf.prefix_dataset(dataset, args.limit)
+    n = len(dataset)
+    if n != len(refs):
+        raise SystemExit(
+            f"error: {args.subset} of {args.data_bin} has {n} sentences but {args.raw_ref} "
+            f"has {len(refs)} lines: is it the reference of this split?"
+        )
+    n_lat = n if args.latency_sentences == 0 else min(args.latency_sentences, n)
+    warm = inf.make_batches(task, models, inf.prefix_dataset(dataset, args.warmup_sentences), 1) \
+        if args.warmup_sentences else []
+    lat_batches = inf.make_batches(task, models, inf.prefix_dataset(dataset, n_lat), 1)
+    full_batches = inf.make_batches(task, models, dataset, BATCH_SIZE_THROUGHPUT)
+    cuda = system.use_cuda
+
+    for d in args.decoding:
+        options = dec.parse_decoding(d)
+        generator = task.build_generator(models, dec.generation_options(options))
+        kind = "ar" if inf.is_autoregressive(generator) else "nat"
+        wrong = dec.decoding_kinds(options) - {kind}
+        if wrong:
+            raise SystemExit(
+                f"error: decoding {d} sets {'autoregressive' if 'ar' in wrong else 'iterative'} "
+                f"options but {name} uses {type(generator).__name__}"
+            )
+        with torch.no_grad():
+            inf.decode(task, generator, models, warm, cuda)
+            lat_watch = Stopwatch(cuda)
+            inf.decode(task, generator, models, lat_batches, cuda, lat_watch)
+            thr_watch = Stopwatch(cuda)
+            hyps = inf.in_order(
+                inf.decode(task, generator, models, full_batches, cuda, thr_watch), n
+            )
+        latency = latency_ms_per_sentence(lat_watch.total, n_lat)
+        speed = sentences_per_second(n, thr_watch.total)
+        bpe_hyps = [inf.hypothesis_string(h, task.target_dictionary, generator) for h in hyps]
+        scores = scoring.score_hypotheses(bpe_hyps, refs, args.tgt_lang, tok_refs)
+        hyp_file = res.hyp_path(args.out, args.benchmark, name, d, args.distilled)
+        _write_lines(hyp_file, scores.detok_hyps)
+        row = res.make_row(
+            name, d, args.distilled, scores.bleu, scores.tok_bleu, latency, speed,
+            inf.mean_iterations(hyps), scores.repeat_rate, updates, wall, _display_path(hyp_file),
+        )
+        logger.info(
+            "%s %s: BLEU %.2f (tok %.2f), %.1f ms/sent b1 (%d sent), %.1f sent/s b%d, "
+            "%.2f iterations, repeat rate %.4f", name, d, row["bleu"], row["tok_bleu"],
+            row["latency_ms_b1"], n_lat, row["sent_per_s_b128"], BATCH_SIZE_THROUGHPUT,
+            row["iterations"], row["repeat_rate"],
+        )
+        save_row(row, scores.signature)
+
+
+def reference_row(args, refs, tok_refs):
+    """The reference scored against itself: only repeat_rate is informative (see .results)."""
+    bleu = scoring.sacrebleu_score(refs, refs)
+    tok = scoring.tokenized_bleu(tok_refs, tok_refs)
+    row = res.make_row(
+        res.REFERENCE_SYSTEM, res.REFERENCE_DECODING, False, bleu.score, tok.score, 0.0, 0.0,
+        0.0, scoring.repeat_rate(tok_refs), 0, 0.0, _display_path(args.raw_ref),
+    )
+    logger.info("reference: repeat rate %.4f", row["repeat_rate"])
+    return row, bleu.signature
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _check_args(parser, args)
+    logging.basicConfig(format="[benchmark] %(message)s", level=logging.INFO, stream=sys.stderr,
+                        force=True)
+    for noisy in ("fairseq", "fairseq_cli", "fairseq_nat_ext.compat"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+    from . import provenance
+
+    args.device = "cpu"
+    if args.cuda:
+        import torch
+
+        if torch.cuda.is_available():
+            args.device = "cuda"
+        else:
+            logger.warning("--cuda given but CUDA is not available: decoding on CPU")
+    if args.system_ckpt:
+        from .timing import set_threads
+
+        set_threads(args.threads)
+    hardware = provenance.hardware_description(args.device)
+    command = args.command or " ".join(
+        ["python -m fairseq_nat_ext.benchmark.run"] + [shlex.quote(a) for a in argv]
+    )
+    data = args.data_name or (
+        (f"{args.data_bin} [{args.subset}, {args.src_lang}->{args.tgt_lang}], " if args.data_bin
+         else "") + f"reference {args.raw_ref}"
+        + (f" (first {args.limit} sentences)" if args.limit else "")
+    )
+
+    refs = scoring.read_lines(args.raw_ref)
+    if args.limit:
+        refs = refs[: args.limit]
+    tok_refs = scoring.tokenize(refs, args.tgt_lang)
+    signature = scoring.sacrebleu_score(refs[:1], refs[:1]).signature
+    results = _open_results(args, hardware, command, data, signature)
+
+    def save_row(row, sig):
+        results["sacrebleu_signature"] = sig
+        res.upsert_row(results, row)
+        res.save_results(args.out, results)
+        logger.info("updated %s (%d rows)", args.out, len(results["rows"]))
+
+    if args.system_ckpt:
+        benchmark_system(args, refs, tok_refs, save_row)
+    if args.reference_row:
+        save_row(*reference_row(args, refs, tok_refs))
+    if not args.no_plot:
+        from .plot import plot_results
+
+        png = plot_results(results, os.path.join(os.path.dirname(args.out) or ".",
+                                                 f"{args.benchmark}.png"))
+        logger.info("plot: %s", png)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""Version shims, applied once when the plugin is imported.  Each shim says why it exists.
+
+1. torch >= 2.6 loads checkpoints with ``weights_only=True``; fairseq checkpoints pickle an
+   ``argparse.Namespace`` (old ``args``) and omegaconf containers (``cfg``), so plain
+   ``fairseq-generate`` fails with "Unsupported global".  We allow-list exactly the types fairseq
+   writes (:data:`FAIRSEQ_CHECKPOINT_GLOBALS`) and keep the safe unpickler on: any other pickled
+   object is refused with a one-line error naming the checkpoint and the offending global.
+2. fairseq's ``import_user_module`` compares the ``--user-dir`` path with the imported package's
+   ``__path__`` literally, so the same directory reached through a symlink or a relative path raises
+   "not globally unique".  We compare real paths instead (same behaviour otherwise).
+"""
+import argparse
+import collections
+import logging
+import os
+import pickle
+import re
+import sys
+import typing
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+def _omegaconf_types():
+    from omegaconf import DictConfig, ListConfig, nodes
+    from omegaconf.base import Container, ContainerMetadata, Metadata, Node
+
+    node_types = [
+        getattr(nodes, name)
+        for name in (
+            "AnyNode", "StringNode", "IntegerNode", "FloatNode", "BooleanNode", "EnumNode",
+            "BytesNode", "PathNode", "ValueNode",
+        )
+        if hasattr(nodes, name)
+    ]
+    return [DictConfig, ListConfig, ContainerMetadata, Metadata, Container, Node] + node_types
+
+
+def fairseq_checkpoint_globals():
+    """Every non-tensor type that fairseq (and this plugin) write into a checkpoint."""
+    return [
+        argparse.Namespace,  # legacy ``args``
+        typing.Any,  # omegaconf metadata ``ref_type`` / ``object_type``
+        collections.defaultdict,  # omegaconf metadata flags
+        dict, list, tuple, set, int, float, bool, str,  # omegaconf ``object_type`` fields
+    ] + _omegaconf_types()
+
+
+class UnsafeCheckpointError(RuntimeError):
+    """A checkpoint holds a pickled object outside the fairseq allow-list, or is unreadable."""
+
+
+_GLOBAL_RE = re.compile(r"GLOBAL ([\w\.]+)")
+
+
+def _explain_load_failure(path, err):
+    msg = str(err)
+    m = _GLOBAL_RE.search(msg)
+    if isinstance(err, pickle.UnpicklingError) or "weights_only" in msg.lower():
+        what = m.group(1) if m else msg.splitlines()[0]
+        return (
+            f"refusing to load checkpoint {path}: it contains the pickled object '{what}', which is "
+            "not a type fairseq checkpoints hold (allow-list: fairseq_nat_ext/compat.py); loading "
+            "it could execute arbitrary code"
+        )
+    return f"cannot read checkpoint {path}: it is truncated or corrupted ({msg.splitlines()[0]})"
+
+
+def _patch_checkpoint_loading():
+    from fairseq import checkpoint_utils
+
+    original = checkpoint_utils.load_checkpoint_to_cpu
+    if getattr(original, "_nat_ext_wrapped", False):
+        return
+
+    def load_checkpoint_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
+        try:
+            return original(path, arg_overrides, load_on_all_ranks)
+        except FileNotFoundError:
+            raise
+        except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as err:
+            if isinstance(err, UnsafeCheckpointError):
+                raise
+            text = str(err)
+            if isinstance(err, (pickle.UnpicklingError, EOFError)) or any(
+                s in text for s in ("weights_only", "zip archive", "PytorchStreamReader",
+                                    "invalid load key", "pickle data was truncated")
+            ):
+                raise UnsafeCheckpointError(_explain_load_failure(path, err)) from None
+            raise
+
+    load_checkpoint_to_cpu._nat_ext_wrapped = True
+    load_checkpoint_to_cpu.__wrapped__ = original
+    checkpoint_utils.load_checkpoint_to_cpu = load_checkpoint_to_cpu
+
+
+def _patch_user_module_import():
+    from fairseq import utils
+
+    original = utils.import_user_module
+    if getattr(original, "_nat_ext_wrapped", False):
+        return
+
+    def import_user_module(args):
+        user_dir = getattr(args, "user_dir", None)
+        if user_dir is not None:
+            real = os.path.realpath(user_dir)
+            name = os.path.basename(real)
+            mod = sys.modules.get(name)
+            if mod is not None and any(
+                os.path.realpath(p) == real for p in getattr(mod, "__path__", [])
+            ):
+                return  # the same package is already imported (and registered)
+        return original(args)
+
+    import_user_module._nat_ext_wrapped = True
+    utils.import_user_module = import_user_module
+
+
+_applied = False
+
+
+def apply():
+    global _applied
+    if _applied:
+        return
+    torch.serialization.add_safe_globals(fairseq_checkpoint_globals())
+    _patch_checkpoint_loading()
+    _patch_user_module_import()
+    _applied = True

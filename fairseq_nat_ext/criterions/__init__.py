@@ -1,0 +1,1 @@
+from . import mask_predict_loss  # noqa: F401

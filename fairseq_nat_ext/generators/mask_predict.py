@@ -1,0 +1,166 @@
+"""Mask-Predict decoding (Ghazvininejad et al., 2019), batched on tensors.
+
+1. Length beam: the top-``l`` predicted lengths of every sentence become ``l`` candidates, decoded in
+   parallel in one batch of ``B * l`` rows.
+2. Iteration 0 predicts every position from an all-``<mask>`` input.  Iteration ``t = 1..T-1``
+   re-masks the ``n_t = floor(N * (T - t) / T)`` lowest-probability tokens (linear decay) and
+   predicts them again; unmasked tokens keep their tokens and probabilities.
+3. Adaptive stopping (fairseq's default, off with ``--iter-decode-force-max-iter``): a row whose
+   tokens did not change in an iteration, or whose ``n_t`` is 0, is finished and leaves the batch.
+4. The candidate with the best average log-probability is returned.
+
+Ensembles (``--path a.pt:b.pt``) average the models' probabilities (log-mean-exp of log-probs) for
+tokens and lengths.  The hypotheses carry what ``fairseq-generate`` reads: tokens (ending in </s>),
+score, positional_scores, alignment=None, steps (decoder passes), and history with
+``--retain-iter-history`` (one entry per iteration: its input with <mask>s and its output).
+"""
+import math
+
+import torch
+
+
+def remask_counts(lengths, t, T):
+    """Number of tokens to re-mask at iteration t (1 <= t < T) for rows of the given lengths."""
+    return (lengths.float() * (T - t) / T).floor().long()
+
+
+def lowest_prob_mask(probs, lengths, n):
+    """(N, L) log-probs, (N,) lengths, (N,) counts -> bool (N, L): the n lowest positions per row."""
+    L = probs.size(1)
+    valid = torch.arange(L, device=probs.device).unsqueeze(0) < lengths.unsqueeze(1)
+    scores = probs.masked_fill(~valid, float("inf"))
+    ranks = scores.sort(dim=1, stable=True).indices.argsort(1)
+    return (ranks < n.unsqueeze(1)) & valid
+
+
+class MaskPredictGenerator:
+    def __init__(self, models, tgt_dict, max_iter=10, length_beam=1, adaptive=True,
+                 retain_history=False, max_len_a=0, max_len_b=None):
+        self.models = models
+        self.tgt_dict = tgt_dict
+        self.max_iter = max(1, int(max_iter))
+        self.length_beam = max(1, int(length_beam))
+        self.adaptive = adaptive
+        self.retain_history = retain_history
+        self.pad, self.eos, self.bos, self.unk = (
+            tgt_dict.pad(), tgt_dict.eos(), tgt_dict.bos(), tgt_dict.unk()
+        )
+        self.mask = models[0].mask_idx
+        self.forbidden = [self.pad, self.bos, self.eos, self.mask]
+        # fairseq-generate strips these from printed hypotheses
+        self.symbols_to_strip_from_output = {self.eos, self.bos}
+        self.max_len = min(m.decoder.max_positions() for m in models) - 2
+
+    @classmethod
+    def from_generation_args(cls, models, tgt_dict, args):
+        return cls(
+            models,
+            tgt_dict,
+            max_iter=getattr(args, "iter_decode_max_iter", 10),
+            length_beam=getattr(args, "iter_decode_with_beam", 1),
+            adaptive=not getattr(args, "iter_decode_force_max_iter", False),
+            retain_history=getattr(args, "retain_iter_history", False),
+        )
+
+    # ------------------------------------------------------------------------------------------
+    def _ensemble_lprobs(self, fn):
+        outs = [fn(i, m) for i, m in enumerate(self.models)]
+        if len(outs) == 1:
+            return outs[0]
+        return torch.logsumexp(torch.stack(outs, 0), 0) - math.log(len(outs))
+
+    def _predict(self, tokens, enc_outs):
+        """tokens (N, L) -> best token ids and their log-probs (N, L), ensemble-averaged."""
+        lp = self._ensemble_lprobs(
+            lambda i, m: m.decoder(tokens, enc_outs[i], normalize=True).float()
+        )
+        lp[..., self.forbidden] = float("-inf")
+        best_lp, best_tok = lp.max(-1)
+        return best_tok, best_lp
+
+    @torch.no_grad()
+    def generate(self, models, sample, prefix_tokens=None, constraints=None, **unused):
+        if constraints is not None:
+            raise NotImplementedError("mask_predict: constrained decoding is not supported")
+        models = models or self.models
+        for m in models:
+            m.eval()
+        net = sample["net_input"]
+        src_tokens, src_lengths = net["src_tokens"], net["src_lengths"]
+        B, l, T = src_tokens.size(0), self.length_beam, self.max_iter
+        enc_outs = [m.encoder(src_tokens, src_lengths=src_lengths) for m in models]
+
+        # --- length beam -------------------------------------------------------------------
+        len_lp = self._ensemble_lprobs(
+            lambda i, m: m.decoder.forward_length(enc_outs[i], normalize=True).float()
+        )
+        k = min(l, len_lp.size(1))
+        top_cls = len_lp.topk(k, dim=-1).indices  # (B, k)
+        lengths = models[0].decoder.class_to_length(top_cls, enc_outs[0])
+        lengths = lengths.clamp(1, self.max_len).reshape(-1)  # (N,) N = B * k
+        order = torch.arange(B, device=src_tokens.device).repeat_interleave(k)
+        enc_outs = [m.encoder.reorder_encoder_out(e, order) for m, e in zip(models, enc_outs)]
+
+        N, L = lengths.numel(), int(lengths.max())
+        pos = torch.arange(L, device=src_tokens.device).unsqueeze(0)
+        valid = pos < lengths.unsqueeze(1)
+        tokens = src_tokens.new_full((N, L), self.pad).masked_fill(valid, self.mask)
+        probs = torch.zeros(N, L, device=src_tokens.device)
+        steps = torch.zeros(N, dtype=torch.long, device=src_tokens.device)
+        active = torch.arange(N, device=src_tokens.device)
+        history = [[] for _ in range(N)] if self.retain_history else None
+
+        for t in range(T):
+            if active.numel() == 0:
+                break
+            tok_a, prob_a, len_a = tokens[active], probs[active], lengths[active]
+            if t == 0:
+                masked = valid[active]
+            else:
+                masked = lowest_prob_mask(prob_a, len_a, remask_counts(len_a, t, T))
+            has_work = masked.any(1)
+            if self.adaptive and not bool(has_work.all()):
+                keep = has_work.nonzero().squeeze(1)
+                active, tok_a, prob_a, masked = active[keep], tok_a[keep], prob_a[keep], masked[keep]
+                if active.numel() == 0:
+                    break
+            inp = tok_a.masked_fill(masked, self.mask)
+            enc_a = [m.encoder.reorder_encoder_out(e, active) for m, e in zip(models, enc_outs)]
+            new_tok, new_lp = self._predict(inp, enc_a)
+            out_tok = torch.where(masked, new_tok, tok_a)
+            out_lp = torch.where(masked, new_lp, prob_a)
+            changed = (out_tok != tok_a).any(1) | (t == 0)
+            tokens[active], probs[active] = out_tok, out_lp
+            steps[active] += 1
+            if history is not None:
+                for r, row in enumerate(active.tolist()):
+                    n = int(lengths[row])
+                    history[row].append(
+                        {"input": self._with_eos(inp[r, :n]), "tokens": self._with_eos(out_tok[r, :n]),
+                         "masked": masked[r, :n].clone(), "positional_scores": out_lp[r, :n].clone()}
+                    )
+            if self.adaptive:
+                active = active[changed]
+
+        # --- pick the best length candidate per sentence -------------------------------------
+        avg = (probs * valid).sum(1) / lengths.float()
+        best = avg.view(B, k).argmax(1) + torch.arange(B, device=avg.device) * k
+        passes = steps.view(B, k).max(1).values
+        finalized = []
+        for b in range(B):
+            row = int(best[b])
+            n = int(lengths[row])
+            hyp = {
+                "tokens": self._with_eos(tokens[row, :n]),
+                "score": avg[row],
+                "positional_scores": torch.cat([probs[row, :n], probs.new_zeros(1)]),
+                "alignment": None,
+                "steps": int(passes[b]),
+            }
+            if history is not None:
+                hyp["history"] = history[row]
+            finalized.append([hyp])
+        return finalized
+
+    def _with_eos(self, toks):
+        return torch.cat([toks, toks.new_full((1,), self.eos)])

@@ -1,0 +1,1 @@
+from . import nat  # noqa: F401

@@ -1,0 +1,1 @@
+from . import nat_translation  # noqa: F401

@@ -1,0 +1,90 @@
+"""Task ``nat_translation``: fairseq's translation task for non-autoregressive models.
+
+* The target dictionary gains a ``<mask>`` symbol (NAT decoders read masked targets).
+* During training and validation the model's own ``inject_noise`` builds the decoder input from the
+  target (``sample["prev_target"]``): each arch owns its corruption (random masking for Mask-Predict).
+* ``build_generator`` returns the generator named by the model (``model.generator_class``); fairseq's
+  autoregressive models (e.g. the teacher) get fairseq's SequenceGenerator as in ``translation``.
+"""
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+from fairseq.tasks import register_task
+from fairseq.tasks.translation import TranslationConfig, TranslationTask
+
+logger = logging.getLogger(__name__)
+
+MASK_SYMBOL = "<mask>"
+
+
+@dataclass
+class NATTranslationConfig(TranslationConfig):
+    pass
+
+
+@register_task("nat_translation", dataclass=NATTranslationConfig)
+class NATTranslationTask(TranslationTask):
+    cfg: NATTranslationConfig
+
+    @classmethod
+    def load_dictionary(cls, filename):
+        if not os.path.exists(filename):
+            raise FileNotFoundError(
+                f"nat_translation: dictionary {filename} not found (run fairseq-preprocess first)"
+            )
+        d = super().load_dictionary(filename)
+        d.add_symbol(MASK_SYMBOL)
+        return d
+
+    def load_dataset(self, split, epoch=1, combine=False, **kwargs):
+        try:
+            super().load_dataset(split, epoch=epoch, combine=combine, **kwargs)
+        except AssertionError as err:
+            # LanguagePairDataset asserts equal sizes without naming anything
+            raise ValueError(
+                f"nat_translation: {split} split in {self.cfg.data}: source and target files "
+                f"({self.cfg.source_lang}/{self.cfg.target_lang}) differ in number of lines ({err})"
+            ) from None
+
+    def build_model(self, cfg, from_checkpoint=False):
+        model = super().build_model(cfg, from_checkpoint)
+        return model
+
+    def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, **unused):
+        gen_cls = getattr(models[0], "generator_class", None)
+        if gen_cls is None:
+            return super().build_generator(
+                models, args, seq_gen_cls=seq_gen_cls, extra_gen_cls_kwargs=extra_gen_cls_kwargs
+            )
+        for m in models[1:]:
+            if getattr(m, "generator_class", None) is not gen_cls:
+                raise ValueError(
+                    "nat_translation: --path ensembles must hold models of one arch; got "
+                    + ", ".join(type(x).__name__ for x in models)
+                )
+        return gen_cls.from_generation_args(models, self.target_dictionary, args)
+
+    def _noisy(self, sample, model):
+        noise = getattr(model, "inject_noise", None)
+        if noise is not None:
+            sample["prev_target"] = noise(sample["target"])
+        return sample
+
+    def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
+        model.train()
+        model.set_num_updates(update_num)
+        sample = self._noisy(sample, model)
+        loss, sample_size, logging_output = criterion(model, sample)
+        if ignore_grad:
+            loss *= 0
+        optimizer.backward(loss)
+        return loss, sample_size, logging_output
+
+    def valid_step(self, sample, model, criterion):
+        model.eval()
+        with torch.no_grad():
+            sample = self._noisy(sample, model)
+            loss, sample_size, logging_output = criterion(model, sample)
+        return loss, sample_size, logging_output

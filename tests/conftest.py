@@ -1,0 +1,85 @@
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PLUGIN_DIR = os.path.join(ROOT, "fairseq_nat_ext")
+SHARED_DATA = os.path.join(os.path.dirname(ROOT), "shared", "data")
+VENV_BIN = os.path.dirname(sys.executable)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: takes more than ~20 s (run by make test, not test-fast)")
+
+
+def cli_env():
+    env = dict(os.environ)
+    env["PATH"] = VENV_BIN + os.pathsep + env.get("PATH", "")
+    env.setdefault("OMP_NUM_THREADS", "2")
+    return env
+
+
+def run_cli(args, cwd=None, check=True, timeout=600):
+    """Run a console script of the venv (fairseq-train, ...) and return the CompletedProcess."""
+    exe = shutil.which(args[0], path=VENV_BIN) or shutil.which(args[0])
+    proc = subprocess.run([exe] + list(args[1:]), cwd=cwd, env=cli_env(), capture_output=True,
+                          text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return proc
+
+
+@pytest.fixture(scope="session")
+def shared_data():
+    if not os.path.isdir(SHARED_DATA):
+        pytest.skip("../shared/data is not present (fresh user clone)")
+    return SHARED_DATA
+
+
+def write_toy_corpus(path, n_train=400, n_valid=40, n_test=40, seed=0):
+    """A word-substitution toy task: target word = source word upper-cased, lengths 3..8."""
+    import random
+
+    rng = random.Random(seed)
+    vocab = [f"w{i}" for i in range(24)]
+    os.makedirs(path, exist_ok=True)
+    for split, n in (("train", n_train), ("valid", n_valid), ("test", n_test)):
+        src, tgt = [], []
+        for _ in range(n):
+            words = [rng.choice(vocab) for _ in range(rng.randint(3, 8))]
+            src.append(" ".join(words))
+            tgt.append(" ".join(w.upper() for w in words))
+        with open(os.path.join(path, f"{split}.src"), "w") as f:
+            f.write("\n".join(src) + "\n")
+        with open(os.path.join(path, f"{split}.tgt"), "w") as f:
+            f.write("\n".join(tgt) + "\n")
+
+
+@pytest.fixture(scope="session")
+def toy_databin(tmp_path_factory):
+    """A binarised toy corpus with a joined dictionary: (data_bin, raw_dir)."""
+    root = tmp_path_factory.mktemp("toy")
+    raw = str(root / "raw")
+    write_toy_corpus(raw)
+    out = str(root / "bin")
+    run_cli(["fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt",
+             "--trainpref", f"{raw}/train", "--validpref", f"{raw}/valid", "--testpref", f"{raw}/test",
+             "--destdir", out, "--joined-dictionary", "--workers", "1"])
+    return out, raw
+
+
+def build_model_and_task(data_bin, arch_args):
+    """Build a task + model in-process from fairseq-train style arguments."""
+    import fairseq_nat_ext  # noqa: F401
+    from fairseq import options, tasks
+
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(
+        parser, [data_bin, "--task", "nat_translation", "--user-dir", PLUGIN_DIR] + arch_args
+    )
+    task = tasks.setup_task(args)
+    model = task.build_model(args)
+    return task, model, args
