@@ -5,7 +5,10 @@
    ``fairseq-generate`` fails with "Unsupported global".  We allow-list exactly the types fairseq
    writes (:data:`FAIRSEQ_CHECKPOINT_GLOBALS`) and keep the safe unpickler on: any other pickled
    object is refused with a one-line error naming the checkpoint and the offending global.
-2. fairseq's ``import_user_module`` compares the ``--user-dir`` path with the imported package's
+2. A user-facing error (bad input, unsafe checkpoint) should read as one line, not a traceback:
+   errors deriving from :class:`UserFacingError` are printed as ``error: ...`` by an excepthook when
+   they end a command-line run (set ``FAIRSEQ_NAT_EXT_TRACEBACK=1`` for the full traceback).
+3. fairseq's ``import_user_module`` compares the ``--user-dir`` path with the imported package's
    ``__path__`` literally, so the same directory reached through a symlink or a relative path raises
    "not globally unique".  We compare real paths instead (same behaviour otherwise).
 """
@@ -48,8 +51,32 @@ def fairseq_checkpoint_globals():
     ] + _omegaconf_types()
 
 
-class UnsafeCheckpointError(RuntimeError):
+class UserFacingError(Exception):
+    """An error caused by the user's input, reported as one line naming the file/line/option."""
+
+
+class InputError(UserFacingError, ValueError):
+    """Bad data or an impossible option combination."""
+
+
+class UnsafeCheckpointError(UserFacingError, RuntimeError):
     """A checkpoint holds a pickled object outside the fairseq allow-list, or is unreadable."""
+
+
+def _install_excepthook():
+    previous = sys.excepthook
+    if getattr(previous, "_nat_ext_hook", False):
+        return
+
+    def hook(exc_type, exc, tb):
+        if issubclass(exc_type, UserFacingError) and not os.environ.get("FAIRSEQ_NAT_EXT_TRACEBACK"):
+            sys.stderr.write(f"error: {exc}\n")
+            sys.stderr.flush()
+            return
+        previous(exc_type, exc, tb)
+
+    hook._nat_ext_hook = True
+    sys.excepthook = hook
 
 
 _GLOBAL_RE = re.compile(r"GLOBAL ([\w\.]+)")
@@ -129,4 +156,5 @@ def apply():
     torch.serialization.add_safe_globals(fairseq_checkpoint_globals())
     _patch_checkpoint_loading()
     _patch_user_module_import()
+    _install_excepthook()
     _applied = True

@@ -14,6 +14,8 @@ import torch
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
+from ..compat import InputError
+
 logger = logging.getLogger(__name__)
 
 MASK_SYMBOL = "<mask>"
@@ -31,7 +33,7 @@ class NATTranslationTask(TranslationTask):
     @classmethod
     def load_dictionary(cls, filename):
         if not os.path.exists(filename):
-            raise FileNotFoundError(
+            raise InputError(
                 f"nat_translation: dictionary {filename} not found (run fairseq-preprocess first)"
             )
         d = super().load_dictionary(filename)
@@ -43,7 +45,7 @@ class NATTranslationTask(TranslationTask):
             super().load_dataset(split, epoch=epoch, combine=combine, **kwargs)
         except AssertionError as err:
             # LanguagePairDataset asserts equal sizes without naming anything
-            raise ValueError(
+            raise InputError(
                 f"nat_translation: {split} split in {self.cfg.data}: source and target files "
                 f"({self.cfg.source_lang}/{self.cfg.target_lang}) differ in number of lines ({err})"
             ) from None
@@ -60,7 +62,7 @@ class NATTranslationTask(TranslationTask):
             )
         for m in models[1:]:
             if getattr(m, "generator_class", None) is not gen_cls:
-                raise ValueError(
+                raise InputError(
                     "nat_translation: --path ensembles must hold models of one arch; got "
                     + ", ".join(type(x).__name__ for x in models)
                 )
