@@ -18,6 +18,8 @@ $(STAMP): setup.py
 		sacremoses==0.1.1 pytest hypothesis matplotlib
 	$(VPY) -c "import fastBPE" 2>/dev/null || $(VPIP) install -q --no-build-isolation fastbpe==0.1.0
 	$(VPIP) install -q --no-build-isolation --no-deps -e .
+	# fastBPE's `fast` CLI (learns codes), compiled from the same source package
+	VIRTUAL_ENV=$(CURDIR)/$(VENV) PATH=$(CURDIR)/$(VENV)/bin:$$PATH bash examples/tools/build_fastbpe.sh
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -15,7 +15,9 @@
 #   --force             regenerate even when OUT_DIR/train.distill.TGT is up to date
 #
 # Steps: fairseq-generate DATA_BIN --path TEACHER --gen-subset train --beam 5 --max-tokens 8000
-# (--user-dir <repo>/fairseq_nat_ext, --num-workers 0) -> OUT_DIR/generate-train.txt; the H-
+# (--user-dir <repo>/fairseq_nat_ext, --num-workers 0, --required-batch-size-multiple 1: with
+# fairseq's default of 8, batch_by_size silently drops the last batch when its size is not a
+# multiple of 8, fairseq issue #5036) -> OUT_DIR/generate-train.txt; the H-
 # lines are put back in the original order by sentence id -> OUT_DIR/train.distill.TGT (BPE
 # form), which must have exactly as many lines as DATA_BIN's train source.  It is binarised
 # with DATA_BIN's target dictionary (fairseq-preprocess --only-source --srcdict), so token ids
@@ -105,6 +107,7 @@ else
         fairseq-generate "$DATA_BIN" --user-dir "$USER_DIR" --path "$TEACHER" \
             --source-lang "$SRC" --target-lang "$TGT" \
             --gen-subset train --beam "$BEAM" --nbest 1 --max-tokens "$MAX_TOKENS" \
+            --required-batch-size-multiple 1 \
             --num-workers 0 "${GEN_EXTRA[@]}" >"$OUT_DIR/generate-train.txt" 2>"$OUT_DIR/generate-train.log" \
             || { tail -n 20 "$OUT_DIR/generate-train.log" >&2; die "fairseq-generate failed (log: $OUT_DIR/generate-train.log)"; }
         "$PYTHON" "$UTILS" collect "$OUT_DIR/generate-train.txt" "$N_SRC" "$DISTILL_TXT"

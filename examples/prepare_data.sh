@@ -27,7 +27,8 @@
 # Output layout (OUT_DIR):
 #   raw/{train,valid,test}.{SRC,TGT}   uncompressed copies of the input; raw/test.TGT is the
 #                                      untokenised reference for sacreBLEU
-#   tok/...                            Moses-tokenised (`sacremoses -l L -j N tokenize -x`)
+#   tok/...                            Moses-tokenised, as `sacremoses -l L -j N tokenize -x`
+#                                      (run through sacremoses' Python API in one process)
 #   bpe/...                            BPE applied (`fast applybpe`)
 #   bpe.codes                          the BPE codes used (a copy of --codes when given)
 #   data-bin/                          fairseq-preprocess output, joined dictionary
@@ -37,7 +38,8 @@
 # problem stops the script with that one-line error.  Steps whose outputs are newer than
 # their inputs (and whose options did not change) are skipped, so a rerun is cheap.
 #
-# Tools: sacremoses and fairseq-preprocess from PATH (the venv's bin), `fast` from PATH or
+# Tools: the sacremoses package (for $PYTHON, default `python` from PATH), fairseq-preprocess
+# from PATH (the venv's bin), `fast` from PATH or
 # $FAST; when missing it is built by examples/tools/build_fastbpe.sh.
 set -euo pipefail
 
@@ -88,9 +90,8 @@ else
     MOSES_SRC="$SRC"; MOSES_TGT="$TGT"
 fi
 
-for tool in sacremoses fairseq-preprocess; do
-    command -v "$tool" >/dev/null 2>&1 || die "$tool not found on PATH (activate .venv or run through make)"
-done
+command -v fairseq-preprocess >/dev/null 2>&1 || die "fairseq-preprocess not found on PATH (activate .venv or run through make)"
+"$PYTHON" -c "import sacremoses" 2>/dev/null || die "$PYTHON cannot import sacremoses (activate .venv or run through make)"
 FAST="${FAST:-$(command -v fast 2>/dev/null || true)}"
 if [[ -z "$FAST" || ! -x "$FAST" ]]; then
     log "fastBPE's 'fast' not found: building it"
@@ -167,19 +168,26 @@ for role in "${ROLES[@]}"; do
 done
 
 # ---- 3. Moses tokenisation ----------------------------------------------------------
+# fairseq_nat_ext/data/moses_tokenize.py: sacremoses' Python API in one process, output
+# identical to `sacremoses -l L -j N tokenize -x < in > out` (one start-up instead of six)
+PENDING=()
 for role in "${ROLES[@]}"; do
     for lang in "$SRC" "$TGT"; do
         if [[ "$lang" == "$SRC" ]]; then mlang="$MOSES_SRC"; else mlang="$MOSES_TGT"; fi
         in="$OUT_DIR/raw/$role.$lang"; out="$OUT_DIR/tok/$role.$lang"
         param_stamp "$OUT_DIR/tok/.lang.$lang" "$mlang"
         up_to_date "$out" "$in" "$OUT_DIR/tok/.lang.$lang" && continue
-        log "tokenising $role.$lang (sacremoses -l $mlang)"
-        sacremoses -l "$mlang" -j "$WORKERS" -q tokenize -x <"$in" >"$out.tmp"
-        [[ "$(n_lines "$out.tmp")" == "$(n_lines "$in")" ]] \
-            || die "sacremoses changed the line count of $in"
-        mv -f "$out.tmp" "$out"
+        PENDING+=("$mlang" "$in" "$out")
     done
 done
+if [[ ${#PENDING[@]} -gt 0 ]]; then
+    log "Moses-tokenising $(( ${#PENDING[@]} / 3 )) files (sacremoses, -j $WORKERS)"
+    "$PYTHON" "$REPO/fairseq_nat_ext/data/moses_tokenize.py" -j "$WORKERS" "${PENDING[@]}" || exit 1
+    for ((i = 1; i < ${#PENDING[@]}; i += 3)); do
+        [[ "$(n_lines "${PENDING[$((i + 1))]}")" == "$(n_lines "${PENDING[$i]}")" ]] \
+            || die "tokenisation changed the line count of ${PENDING[$i]}"
+    done
+fi
 
 # ---- 4. BPE codes -------------------------------------------------------------------
 CODES_OUT="$OUT_DIR/bpe.codes"

@@ -4,7 +4,13 @@ Importing the package applies the compat shims first, then imports every subpack
 decorators register the tasks, models (archs) and criterions.  Importing it twice (e.g. a hub import
 followed by ``--user-dir``, or in-process tests) registers nothing twice.
 """
-from . import compat
+import logging
+
+# fairseq's text_to_speech task logs "Please install tensorboardX" at import time, through a root
+# handler it installs; keep that line out of our command-line tools' output.
+logging.getLogger("fairseq.tasks.text_to_speech").setLevel(logging.WARNING)
+
+from . import compat  # noqa: E402
 
 compat.apply()
 

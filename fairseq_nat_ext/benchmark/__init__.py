@@ -12,6 +12,6 @@ One concept per module:
 * :mod:`.plot`        BLEU vs latency scatter per benchmark
 * :mod:`.run`         the CLI that benchmarks one system (``python -m fairseq_nat_ext.benchmark.run``)
 
-Everything except :mod:`.inference`, :mod:`.timing` and :mod:`.run` imports neither torch nor fairseq,
-so tables and validation stay cheap.
+Only :mod:`.inference`, :mod:`.timing` and :mod:`.run` use torch / fairseq themselves (importing the
+plugin package still imports fairseq to register its components).
 """
