@@ -53,6 +53,15 @@ def test_ensemble_of_two_checkpoints(trained, tmp_path):
     assert _hyps(proc.stdout) == _hyps(single.stdout), "a model ensembled with itself is itself"
 
 
+def test_generate_keeps_every_sentence_with_odd_batch_sizes(trained):
+    # fairseq drops the last batch when its size is not a multiple of 8 (fairseq issue #5036)
+    data, save = trained
+    proc = run_cli(["fairseq-generate", data, "--user-dir", PLUGIN_DIR, "--task", "nat_translation",
+                    "--path", os.path.join(save, "checkpoint_last.pt"), "--gen-subset", "test",
+                    "--batch-size", "7", "--iter-decode-max-iter", "1"])
+    assert sorted(_hyps(proc.stdout)) == list(range(40))
+
+
 def test_unknown_option_value_is_one_line_error(toy_databin):
     proc = run_cli(["fairseq-train", toy_databin[0], *TRAIN[:6], "--criterion", "no_such_loss"],
                    check=False)

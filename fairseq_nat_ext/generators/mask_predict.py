@@ -69,10 +69,11 @@ class MaskPredictGenerator:
             return outs[0]
         return torch.logsumexp(torch.stack(outs, 0), 0) - math.log(len(outs))
 
-    def _predict(self, tokens, enc_outs):
-        """tokens (N, L) -> best token ids and their log-probs (N, L), ensemble-averaged."""
+    def _predict(self, tokens, enc_outs, masked):
+        """tokens (N, L), masked bool (N, L) -> best token ids and log-probs at the masked positions
+        (K,), ensemble-averaged; only masked positions are projected to the vocabulary."""
         lp = self._ensemble_lprobs(
-            lambda i, m: m.decoder(tokens, enc_outs[i], normalize=True).float()
+            lambda i, m: m.decoder(tokens, enc_outs[i], normalize=True, select=masked).float()
         )
         lp[..., self.forbidden] = float("-inf")
         best_lp, best_tok = lp.max(-1)
@@ -126,9 +127,9 @@ class MaskPredictGenerator:
                     break
             inp = tok_a.masked_fill(masked, self.mask)
             enc_a = [m.encoder.reorder_encoder_out(e, active) for m, e in zip(models, enc_outs)]
-            new_tok, new_lp = self._predict(inp, enc_a)
-            out_tok = torch.where(masked, new_tok, tok_a)
-            out_lp = torch.where(masked, new_lp, prob_a)
+            new_tok, new_lp = self._predict(inp, enc_a, masked)
+            out_tok = tok_a.masked_scatter(masked, new_tok)
+            out_lp = prob_a.masked_scatter(masked, new_lp)
             changed = (out_tok != tok_a).any(1) | (t == 0)
             tokens[active], probs[active] = out_tok, out_lp
             steps[active] += 1

@@ -92,11 +92,16 @@ class MaskPredictDecoder(FairseqNATDecoder):
         return classes
 
     # -- tokens -----------------------------------------------------------------------------
-    def forward(self, prev_output_tokens, encoder_out, normalize=False, **unused):
-        """prev_output_tokens: (B, T) content with <mask>s -> (B, T, V) logits (or log-probs)."""
+    def forward(self, prev_output_tokens, encoder_out, normalize=False, select=None, **unused):
+        """prev_output_tokens: (B, T) content with <mask>s -> (B, T, V) logits (or log-probs).
+
+        With ``select`` (bool (B, T)) only the selected positions are projected to the vocabulary:
+        (K, V) for the K selected positions, in row-major order (decoding needs only masked ones)."""
         feats, _ = self.extract_features(
             prev_output_tokens, encoder_out=encoder_out, full_context_alignment=True
         )
+        if select is not None:
+            feats = feats[select]
         out = self.output_layer(feats)
         return F.log_softmax(out, -1) if normalize else out
 
