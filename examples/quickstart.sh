@@ -10,7 +10,7 @@
 # 4. train Mask-Predict on the raw and on the distilled targets (same budget);
 # 5. benchmark every system on the test set (BLEU, latency, iterations, repeat rate) and print the
 #    table, plus the fraction of outputs that are a valid translation (one consistent mode).
-# Budgets (updates) are set below and recorded in OUT_DIR/results.json.  Everything resumes: rerun
+# Budgets (updates) are set below (TEACHER_UPDATES, NAT_UPDATES; CORPUS_TRAIN, CORPUS_TEST sentences) and recorded in OUT_DIR/results.json.  Everything resumes: rerun
 # the script after an interruption and finished steps are skipped.
 set -euo pipefail
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -21,6 +21,8 @@ command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"
 TEACHER_UPDATES="${TEACHER_UPDATES:-600}"
 NAT_UPDATES="${NAT_UPDATES:-600}"
+CORPUS_TRAIN="${CORPUS_TRAIN:-20000}"; CORPUS_TEST="${CORPUS_TEST:-500}"
+LATENCY_SENTENCES="${LATENCY_SENTENCES:-100}"
 say() { echo "[quickstart $(date +%H:%M:%S)] $*" >&2; }
 
 # tiny models: 2+2 layers, d=128
@@ -29,7 +31,7 @@ export LAYERS=2 DIM=128 HEADS=4 DROPOUT=0.1 WARMUP=100 MAX_TOKENS=4096 LR=1e-3
 if [[ ! -s "$OUT/raw/test.tgt" ]]; then
   say "1/5 generating the synthetic corpus"
   "$PYTHON" -m fairseq_nat_ext.data.synthetic_corpus --out "$OUT/raw" --seed 1 \
-    --train 20000 --valid 500 --test 500
+    --train "$CORPUS_TRAIN" --valid "$CORPUS_TEST" --test "$CORPUS_TEST"
 fi
 
 say "2/5 preparing data (tokenise, BPE, binarise)"
@@ -69,7 +71,7 @@ bench() {  # ckpt distilled(yes/no) updates decodings...
   "$PYTHON" -m fairseq_nat_ext.benchmark.run --benchmark quickstart --out "$RES" \
     --data-bin "$BIN" --raw-ref "$OUT/prep/raw/test.tgt" --src-lang src --tgt-lang tgt \
     --system-ckpt "$ckpt" "${flags[@]}" "$dflag" --train-updates "$upd" \
-    --train-log "$(dirname "$ckpt")/train.log" --threads 2 --latency-sentences 100 \
+    --train-log "$(dirname "$ckpt")/train.log" --threads 2 --latency-sentences "$LATENCY_SENTENCES" \
     --data-name "synthetic quick-start corpus (seed 1), test split" --command "$CMD" --no-plot >&2
 }
 bench "$OUT/teacher/checkpoint_avg.pt" no "$TEACHER_UPDATES" beam=1 beam=5

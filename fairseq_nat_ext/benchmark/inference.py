@@ -7,10 +7,19 @@ the best hypothesis of every sentence keyed by its dataset id, so :func:`in_orde
 order.
 
 ``iterations`` of a hypothesis (:func:`hypothesis_iterations`) is the number of decoder passes it
-took: the ``steps`` the generator measured when present (this plugin's NAT generators, fairseq's
-IterativeRefinementGenerator), otherwise (fairseq's autoregressive SequenceGenerator) the output
-length in tokens including </s>, i.e. the decoder steps of that sentence decoded alone (batch 1).
-With beam > 1 the search may run a few steps past the best hypothesis' end; those are not counted.
+took, from what the generator measured:
+
+* this plugin's NAT generators: ``steps`` (decoder passes; with a length beam, the most any
+  candidate of the sentence took);
+* fairseq's IterativeRefinementGenerator (``cmlm_transformer`` ...): ``steps + 1``, because it
+  numbers its passes from 0 (``steps`` is the index of the last pass; ``--iter-decode-max-iter 10``
+  allows up to 11 passes); with a length beam this is the chosen candidate's count;
+* fairseq's autoregressive SequenceGenerator (no ``steps``): the output length in tokens including
+  </s>, i.e. the decoder steps of that sentence decoded alone (batch 1).  With beam > 1 the search
+  may run a few steps past the best hypothesis' end; those are not counted.
+
+:func:`count_decoder_calls` counts the decoder's forward calls directly; the harness uses it at
+batch size 1 to cross-check these numbers in its log.
 """
 import logging
 import os
@@ -159,15 +168,49 @@ def hypothesis_string(hypo, tgt_dict, generator):
     )
 
 
-def hypothesis_iterations(hypo):
+def steps_offset(generator):
+    """What to add to a hypothesis' ``steps`` to get decoder passes (1 for fairseq's
+    IterativeRefinementGenerator, which counts from 0; 0 otherwise)."""
+    from fairseq.iterative_refinement_generator import IterativeRefinementGenerator
+
+    return 1 if isinstance(generator, IterativeRefinementGenerator) else 0
+
+
+def hypothesis_iterations(hypo, offset=0):
     steps = hypo.get("steps")
     if steps is not None:
-        return float(steps.item() if torch.is_tensor(steps) else steps)
+        return float(steps.item() if torch.is_tensor(steps) else steps) + offset
     return float(hypo["tokens"].numel())
 
 
-def mean_iterations(hypos):
-    return float(np.mean([hypothesis_iterations(h) for h in hypos])) if hypos else 0.0
+def mean_iterations(hypos, generator=None):
+    offset = steps_offset(generator) if generator is not None else 0
+    return float(np.mean([hypothesis_iterations(h, offset) for h in hypos])) if hypos else 0.0
+
+
+class count_decoder_calls:
+    """``with count_decoder_calls(models) as c: ...`` -> ``c.calls``: calls of the first model's
+    decoder ``forward`` (length prediction is a separate method and is not counted).  The method is
+    wrapped on the instance, not hooked: fairseq's SequenceGenerator calls ``decoder.forward``
+    directly, which bypasses forward hooks."""
+
+    def __init__(self, models):
+        self.decoder = models[0].decoder
+        self.calls = 0
+
+    def __enter__(self):
+        original = self.decoder.forward
+
+        def counted_forward(*args, **kwargs):
+            self.calls += 1
+            return original(*args, **kwargs)
+
+        self.decoder.forward = counted_forward
+        return self
+
+    def __exit__(self, *exc):
+        del self.decoder.forward  # the class' method is visible again
+        return False
 
 
 def is_autoregressive(generator):

@@ -35,6 +35,7 @@ def plot_results(results, png_path):
     ax.set_title(f"{results['benchmark']}: BLEU vs latency", fontsize=10)
     ax.grid(True, alpha=0.3)
     if rows:
+        ax.margins(x=0.15, y=0.1)
         ax.set_xlim(left=0)
         ax.legend(fontsize=8, loc="best")
     fig.tight_layout()

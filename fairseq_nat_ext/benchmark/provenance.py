@@ -8,13 +8,13 @@ explicit values (CLI), a fairseq training log, or the checkpoint:
   restarts); older checkpoints may only hold the ``wall`` meter in ``extra_state["metrics"]``.
   Stripped checkpoints (e.g. the shared teacher) may lack the time: then it must be given.
 * log: the last line of a ``fairseq-train`` log that reports both ``num_updates`` and ``wall``
-  (simple or JSON log format).
+  (``train_inner`` or end-of-epoch ``train`` lines; simple, tqdm or JSON log format).
 """
 import os
 import re
 
-_UPDATES_RE = re.compile(r"\bnum_updates\"?\s*[:|]?\s*\"?(\d+)")
-_WALL_RE = re.compile(r"\bwall\"?\s*[:|]?\s*\"?(\d+(?:\.\d+)?)")
+_UPDATES_RE = re.compile(r"\bnum_updates\"?\s*[:=|]?\s*\"?(\d+)")
+_WALL_RE = re.compile(r"\bwall\"?\s*[:=|]?\s*\"?(\d+(?:\.\d+)?)")
 
 
 def _field(obj, name):

@@ -170,7 +170,22 @@ def _valid_tune(system, args):
         tok = [scoring.remove_bpe(inf.hypothesis_string(h, tgt_dict, generator)) for h in hyps]
         logger.info("valid-tune %s %s: tok BLEU %.2f, iterations %.2f, repeat rate %.4f",
                     args.valid_subset, d, scoring.tokenized_bleu(tok, refs).score,
-                    inf.mean_iterations(hyps), scoring.repeat_rate(tok))
+                    inf.mean_iterations(hyps, generator), scoring.repeat_rate(tok))
+
+
+def _warn_if_busy():
+    """Timing is only meaningful on an otherwise idle machine: say so when it is not."""
+    from .provenance import available_cores
+
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return
+    # the 1-minute load includes this process' own recent work (up to `threads`)
+    if load > available_cores() + 0.5:
+        logger.warning("load average %.1f on %d cores before timing: other processes compete for "
+                       "the CPU, latency and throughput will be pessimistic", load,
+                       available_cores())
 
 
 def benchmark_system(args, refs, tok_refs, save_row):
@@ -222,15 +237,22 @@ def benchmark_system(args, refs, tok_refs, save_row):
                 f"error: decoding {d} sets {'autoregressive' if 'ar' in wrong else 'iterative'} "
                 f"options but {name} uses {type(generator).__name__}"
             )
+        _warn_if_busy()
         with torch.no_grad():
             inf.decode(task, generator, models, warm, cuda)
             lat_watch = Stopwatch(cuda)
-            inf.decode(task, generator, models, lat_batches, cuda, lat_watch)
+            with inf.count_decoder_calls(models) as counter:
+                lat_hyps = inf.decode(task, generator, models, lat_batches, cuda, lat_watch)
             thr_watch = Stopwatch(cuda)
             hyps = inf.in_order(
                 inf.decode(task, generator, models, full_batches, cuda, thr_watch), n
             )
         latency = latency_ms_per_sentence(lat_watch.total, n_lat)
+        logger.info(
+            "%s %s: decoder calls per sentence at batch 1 (first %d sentences): %.2f counted, "
+            "%.2f from the hypotheses", name, d, n_lat, counter.calls / n_lat,
+            inf.mean_iterations(list(lat_hyps.values()), generator),
+        )
         speed = sentences_per_second(n, thr_watch.total)
         bpe_hyps = [inf.hypothesis_string(h, task.target_dictionary, generator) for h in hyps]
         scores = scoring.score_hypotheses(bpe_hyps, refs, args.tgt_lang, tok_refs)
@@ -238,7 +260,8 @@ def benchmark_system(args, refs, tok_refs, save_row):
         _write_lines(hyp_file, scores.detok_hyps)
         row = res.make_row(
             name, d, args.distilled, scores.bleu, scores.tok_bleu, latency, speed,
-            inf.mean_iterations(hyps), scores.repeat_rate, updates, wall, _display_path(hyp_file),
+            inf.mean_iterations(hyps, generator), scores.repeat_rate, updates, wall,
+            _display_path(hyp_file),
         )
         logger.info(
             "%s %s: BLEU %.2f (tok %.2f), %.1f ms/sent b1 (%d sent), %.1f sent/s b%d, "

@@ -1,0 +1,354 @@
+"""Tests of the benchmark harness (fairseq_nat_ext.benchmark).
+
+Fast tests use hand-made strings and results; the one end-to-end test (marked slow) benchmarks the
+shared Multi30K teacher on 20 test sentences and is skipped when ../shared is absent.
+"""
+import copy
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import sacrebleu
+
+from fairseq_nat_ext.benchmark import decoding as dec
+from fairseq_nat_ext.benchmark import provenance
+from fairseq_nat_ext.benchmark import results as res
+from fairseq_nat_ext.benchmark import scoring, tables
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared" / "data"
+
+
+# ---- scoring -----------------------------------------------------------------------------------
+BPE_HYPS = [
+    "Ein Mann mit einem orang@@ efar@@ benen Hut , der etwas an@@ starrt .",
+    "Ben &amp; Jerry verkaufen &quot; Eis &quot; .",
+    "Zwei Hunde spielen im Schnee",
+]
+EXPECTED_DETOK = [
+    "Ein Mann mit einem orangefarbenen Hut, der etwas anstarrt.",
+    'Ben & Jerry verkaufen "Eis".',
+    "Zwei Hunde spielen im Schnee",
+]
+RAW_REFS = [
+    "Ein Mann mit einem orangefarbenen Hut, der etwas anstarrt.",
+    'Ben & Jerry verkaufen "Eiscreme".',
+    "Zwei Hunde spielen draußen im Schnee.",
+]
+
+
+def test_remove_bpe_matches_fairseq():
+    assert scoring.remove_bpe("an@@ starr@@ t .") == "anstarrt ."
+    assert scoring.remove_bpe("ab@@") == "ab"  # fairseq appends " " before removing "@@ "
+    assert scoring.remove_bpe("a@@ ") == "a"
+
+
+def test_bleu_pipeline_removes_bpe_detokenises_and_scores_against_raw_reference():
+    scores = scoring.score_hypotheses(BPE_HYPS, RAW_REFS, "de")
+    assert scores.detok_hyps == EXPECTED_DETOK
+    direct = sacrebleu.corpus_bleu(EXPECTED_DETOK, [RAW_REFS])
+    assert scores.bleu == pytest.approx(direct.score, abs=1e-9)
+    assert scores.signature.startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
+    tok_hyps = [scoring.remove_bpe(h) for h in BPE_HYPS]
+    tok_refs = scoring.tokenize(RAW_REFS, "de")
+    assert tok_refs[1] == "Ben &amp; Jerry verkaufen &quot; Eiscreme &quot; ."
+    tok_direct = sacrebleu.corpus_bleu(tok_hyps, [tok_refs], tokenize="none")
+    assert scores.tok_bleu == pytest.approx(tok_direct.score, abs=1e-9)
+    assert 0 < scores.bleu < 100
+
+
+def test_bleu_rejects_length_mismatch():
+    with pytest.raises(ValueError, match="2 hypotheses but 3 reference"):
+        scoring.sacrebleu_score(EXPECTED_DETOK[:2], RAW_REFS)
+
+
+def test_read_lines_plain_and_gz(tmp_path):
+    text = "erste Zeile\nzweite Zeile\n"
+    (tmp_path / "r.txt").write_text(text, encoding="utf-8")
+    with gzip.open(tmp_path / "r.txt.gz", "wt", encoding="utf-8") as f:
+        f.write(text)
+    assert scoring.read_lines(tmp_path / "r.txt") == ["erste Zeile", "zweite Zeile"]
+    assert scoring.read_lines(str(tmp_path / "r.txt.gz")) == ["erste Zeile", "zweite Zeile"]
+
+
+def test_repeat_rate_hand_made():
+    assert scoring.repeat_rate(["a a b", "c c c", ""]) == pytest.approx(3 / 6)
+    assert scoring.repeat_rate(["der Hund", "a b a b"]) == 0.0
+    assert scoring.repeat_rate([]) == 0.0
+    assert scoring.repeat_rate(["x"]) == 0.0
+    # counted on words after BPE removal, within sentences only
+    scores = scoring.score_hypotheses(
+        ["das das Haus", "ein Ha@@ us Haus", "Haus@@ e Haus"], ["a", "b", "c"], "de"
+    )
+    assert scores.repeat_rate == pytest.approx(2 / 8)
+
+
+# ---- decoding strings --------------------------------------------------------------------------
+def test_decoding_parse_and_format():
+    assert dec.parse_decoding("iter=10,len_beam=3") == {"iter": 10, "len_beam": 3}
+    assert dec.format_decoding({"len_beam": 3, "iter": 10}) == "iter=10,len_beam=3"
+    assert dec.canonical_decoding("len_beam=3,iter=10.0") == "iter=10,len_beam=3"
+    assert dec.canonical_decoding("beam=5") == "beam=5"
+    assert dec.canonical_decoding("iter=10,force_iter=true") == "iter=10,force_iter=1"
+    assert dec.canonical_decoding("beam=4,lenpen=1.0") == "beam=4,lenpen=1"
+    assert dec.canonical_decoding("beam=4,lenpen=0.6") == "beam=4,lenpen=0.6"
+    assert dec.is_canonical_decoding("iter=10,len_beam=3")
+    assert not dec.is_canonical_decoding("len_beam=3,iter=10")
+    assert dec.decoding_kinds({"beam": 5}) == {"ar"}
+    assert dec.decoding_kinds({"iter": 4, "len_beam": 3}) == {"nat"}
+
+
+@pytest.mark.parametrize(
+    "bad", ["", "beam", "beam=5 ", "beam=5,,iter=2", "beam=0", "beam=2.5", "foo=1",
+            "beam=5,beam=4", "iter=10, len_beam=3", "force_iter=maybe", "lenpen=nan"],
+)
+def test_decoding_rejects(bad):
+    with pytest.raises(ValueError):
+        dec.parse_decoding(bad)
+
+
+def test_generation_options_map_to_fairseq_names():
+    ns = dec.generation_options({"iter": 10, "len_beam": 3, "force_iter": True})
+    assert (ns.iter_decode_max_iter, ns.iter_decode_with_beam, ns.iter_decode_force_max_iter) == (
+        10, 3, True)
+    assert ns.beam == 5 and ns.max_len_b == 200  # fairseq-generate's defaults otherwise
+    assert dec.generation_options({"beam": 1}).beam == 1
+
+
+# ---- results schema ----------------------------------------------------------------------------
+def _row(**kw):
+    row = dict(system="mask_predict", decoding="iter=10,len_beam=3", distilled=True, bleu=30.5,
+               tok_bleu=30.1, latency_ms_b1=12.5, sent_per_s_b128=250.0, iterations=7.5,
+               repeat_rate=0.012, train_updates=30000, train_wall_s=3600.0,
+               hyp="benchmarks/results/mask_predict/mask_predict__iter=10,len_beam=3__distilled.txt")
+    row.update(kw)
+    return row
+
+
+def _results(rows=None):
+    r = res.new_results("mask_predict", "multi30k test_2016_flickr", "AMD EPYC, 2 cores", 2,
+                        "bash examples/benchmark/mask_predict.sh",
+                        "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.4.3")
+    r["rows"] = rows if rows is not None else [
+        _row(), _row(system="fairseq:transformer", decoding="beam=5", distilled=False,
+                     iterations=14.2, hyp="benchmarks/results/mask_predict/fairseq_transformer__beam=5.txt"),
+        _row(system="reference", decoding="none", distilled=False, bleu=100.0, tok_bleu=100.0,
+             latency_ms_b1=0.0, sent_per_s_b128=0.0, iterations=0.0, train_updates=0,
+             train_wall_s=0.0, hyp="/work/shared/data/multi30k/test_2016_flickr.de.gz"),
+    ]
+    return r
+
+
+def test_validator_accepts_good_results(tmp_path):
+    good = _results()
+    assert res.validate_results(good) == []
+    path = tmp_path / "mask_predict.json"
+    res.save_results(path, good)
+    assert res.load_results(path) == good
+    assert res.validate_results(json.loads(path.read_text())) == []
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda r: r["rows"][0].update(repeat_rate=1.5), "repeat_rate"),
+        (lambda r: r["rows"][0].update(repeat_rate=-0.1), "repeat_rate"),
+        (lambda r: r["rows"][0].update(bleu=101.0), "bleu"),
+        (lambda r: r["rows"][0].pop("latency_ms_b1"), "missing key 'latency_ms_b1'"),
+        (lambda r: r.pop("sacrebleu_signature"), "missing key 'sacrebleu_signature'"),
+        (lambda r: r.update(extra=1), "unexpected key 'extra'"),
+        (lambda r: r["rows"][0].update(note="x"), "unexpected key 'note'"),
+        (lambda r: r["rows"][0].update(train_updates=3.5), "train_updates"),
+        (lambda r: r["rows"][0].update(distilled="yes"), "distilled"),
+        (lambda r: r["rows"][0].update(bleu="30.5"), "bleu"),
+        (lambda r: r["rows"][0].update(bleu=True), "bleu"),
+        (lambda r: r.update(threads=2.0), "threads"),
+        (lambda r: r["rows"][0].update(decoding="iter=10, len_beam=3"), "decoding"),
+        (lambda r: r["rows"][0].update(decoding="len_beam=3,iter=10"), "decoding"),
+        (lambda r: r["rows"][2].update(decoding="beam=5"), "decoding"),
+        (lambda r: r["rows"].append(copy.deepcopy(r["rows"][0])), "duplicate"),
+    ],
+)
+def test_validator_rejects_bad_results(mutate, message):
+    bad = _results()
+    mutate(bad)
+    errors = res.validate_results(bad)
+    assert errors and any(message in e for e in errors), errors
+    with pytest.raises(res.ResultsSchemaError):
+        res.check_results(bad)
+
+
+def test_save_refuses_invalid_results(tmp_path):
+    bad = _results()
+    bad["rows"][0]["repeat_rate"] = 2.0
+    with pytest.raises(res.ResultsSchemaError):
+        res.save_results(tmp_path / "x.json", bad)
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_upsert_replaces_same_key_and_keeps_other_rows():
+    r = _results()
+    before = copy.deepcopy(r["rows"])
+    res.upsert_row(r, _row(bleu=31.0))  # same (system, decoding, distilled) as rows[0]
+    assert len(r["rows"]) == 3
+    assert r["rows"][0]["bleu"] == 31.0
+    assert r["rows"][1:] == before[1:]
+    res.upsert_row(r, _row(distilled=False))  # another key: appended
+    assert len(r["rows"]) == 4 and r["rows"][:3][1:] == before[1:]
+    assert res.validate_results(r) == []
+
+
+def test_make_row_types_and_hyp_names():
+    row = res.make_row("fairseq:transformer", "beam=5", 0, 33, 33.2, 50, 100, 14, 0.01, 1300.0,
+                       5700, "x.txt")
+    assert isinstance(row["bleu"], float) and isinstance(row["train_updates"], int)
+    assert row["distilled"] is False
+    with pytest.raises(res.ResultsSchemaError):
+        res.make_row("m", "beam=5", False, 33, 33, 1, 1, 1, 1.2, 0, 0, "x.txt")
+    assert res.hyp_filename("fairseq:transformer", "beam=5", False) == "fairseq_transformer__beam=5.txt"
+    assert res.hyp_filename("mask_predict", "iter=4,len_beam=3", True) == (
+        "mask_predict__iter=4,len_beam=3__distilled.txt")
+    assert res.hyp_path("benchmarks/results/mask_predict.json", "mask_predict", "mask_predict",
+                        "iter=4", False) == "benchmarks/results/mask_predict/mask_predict__iter=4.txt"
+
+
+# ---- provenance --------------------------------------------------------------------------------
+def test_training_stats_from_state_and_log(tmp_path):
+    state = {"optimizer_history": [{"num_updates": 10}, {"num_updates": 1300}],
+             "extra_state": {"previous_training_time": 5699.7}}
+    assert provenance.training_stats_from_state(state) == (1300, 5699.7)
+    metrics_only = {"optimizer_history": [{"num_updates": 5}],
+                    "extra_state": {"metrics": {"default": [(790, "wall", "TimeMeter",
+                                                             {"init": 42.0, "n": 0})]}}}
+    assert provenance.training_stats_from_state(metrics_only) == (5, 42.0)
+    log = tmp_path / "train.log"
+    log.write_text(
+        "2024 | INFO | train_inner | epoch 001:  10 / 60 loss=9.1, num_updates=10, wall=30\n"
+        "2024 | INFO | train | epoch 011 | loss 4.2 | num_updates 1300 | lr 0.0005 | wall 5712\n"
+        "2024 | INFO | valid | epoch 011 | valid on 'valid' subset | loss 4.6 | num_updates 1300\n"
+        "2024 | INFO | fairseq_cli.train | done training in 5713.0 seconds\n"
+    )
+    assert provenance.training_stats_from_log(log) == (1300, 5712.0)
+    with open(log, "a") as f:  # a later train_inner line (simple format uses '=')
+        f.write("2024 | INFO | train_inner | epoch 012:  20 / 60 loss=4.1, num_updates=1320, wall=5790\n")
+    assert provenance.training_stats_from_log(log) == (1320, 5790.0)
+    json_log = tmp_path / "json.log"
+    json_log.write_text('{"epoch": 3, "num_updates": "900", "wall": "1234"}\n')
+    assert provenance.training_stats_from_log(json_log) == (900, 1234.0)
+    # explicit values win; missing ones come from the state; nothing -> error naming the option
+    assert provenance.resolve_training_stats(7, None, None, state) == (7, 5699.7)
+    with pytest.raises(ValueError, match="--train-wall-s"):
+        provenance.resolve_training_stats(None, None, None, {"optimizer_history": [{"num_updates": 1}]})
+
+
+def test_arch_and_system_name():
+    from argparse import Namespace
+
+    assert provenance.arch_of_state({"cfg": {"model": Namespace(arch="transformer")}}) == "transformer"
+    assert provenance.arch_of_state({"cfg": {"model": {"_name": "mask_predict"}}}) == "mask_predict"
+    assert provenance.arch_of_state({"cfg": None, "args": Namespace(arch="cmlm_transformer")}) == (
+        "cmlm_transformer")
+    assert provenance.system_name("mask_predict", "fairseq_nat_ext.models.nat.mask_predict") == (
+        "mask_predict")
+    assert provenance.system_name("transformer", "fairseq.models.transformer.transformer_legacy") == (
+        "fairseq:transformer")
+    assert "cores" in provenance.hardware_description("cpu")
+
+
+# ---- tables and README -------------------------------------------------------------------------
+def test_markdown_table_and_readme_markers(tmp_path, capsys):
+    path = tmp_path / "mask_predict.json"
+    res.save_results(path, _results())
+    assert tables.main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("### mask_predict")
+    assert "| `mask_predict` | `iter=10,len_beam=3` | yes | 30.50 | 30.10 | 12.5 |" in out
+    assert "| `reference` | – | no | – | – | – | – | – | 1.20 |" in out
+
+    readme = tmp_path / "README.md"
+    original = "# Title\n\nintro\n<!-- results:begin -->\nold table\n<!-- results:end -->\n\nafter\n"
+    readme.write_text(original)
+    assert tables.main([str(path), "--update-readme", str(readme)]) == 0
+    text = readme.read_text()
+    assert text.startswith("# Title\n\nintro\n<!-- results:begin -->\n### mask_predict")
+    assert text.endswith("<!-- results:end -->\n\nafter\n")
+    assert "old table" not in text
+    assert tables.main([str(path), "--update-readme", str(readme)]) == 0  # idempotent
+    assert readme.read_text() == text
+    capsys.readouterr()
+
+    no_markers = tmp_path / "NOMARK.md"
+    no_markers.write_text("# nothing here\n")
+    assert tables.main([str(path), "--update-readme", str(no_markers)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "markers" in err
+    assert no_markers.read_text() == "# nothing here\n"
+    assert tables.main([str(path), "--update-readme", str(tmp_path / "missing.md")]) == 1
+    assert not (tmp_path / "missing.md").exists()
+
+
+def test_replace_between_markers_rejects_misordered():
+    with pytest.raises(ValueError):
+        tables.replace_between_markers("<!-- results:end -->\n<!-- results:begin -->\n", "x")
+
+
+def test_plot_writes_png(tmp_path):
+    from fairseq_nat_ext.benchmark.plot import plot_results
+
+    png = plot_results(_results(), str(tmp_path / "mask_predict.png"))
+    assert Path(png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ---- end to end: the shared teacher on 20 test sentences ---------------------------------------
+E2E_LINES = range(2, 22)  # test_2016_flickr lines 2..21 (0-based)
+
+
+@pytest.mark.slow
+def test_end_to_end_teacher_beam1(tmp_path):
+    teacher = SHARED / "multi30k-teacher"
+    raw = SHARED / "multi30k"
+    if not (teacher / "teacher.pt").is_file() or not (raw / "test_2016_flickr.en.gz").is_file():
+        pytest.skip("../shared (Multi30K teacher and data) is absent")
+    fastBPE = pytest.importorskip("fastBPE")
+
+    bpe = fastBPE.fastBPE(str(teacher / "bpe.codes"))
+    for lang in ("en", "de"):
+        lines = scoring.read_lines(raw / f"test_2016_flickr.{lang}.gz")
+        lines = [lines[i] for i in E2E_LINES]
+        (tmp_path / f"raw.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        bpe_lines = bpe.apply(scoring.tokenize(lines, lang))
+        (tmp_path / f"test.{lang}").write_text("\n".join(bpe_lines) + "\n", encoding="utf-8")
+    env = dict(os.environ, OMP_NUM_THREADS="2")
+    subprocess.run(
+        [sys.executable, "-m", "fairseq_cli.preprocess", "--source-lang", "en", "--target-lang",
+         "de", "--testpref", str(tmp_path / "test"), "--destdir", str(tmp_path / "data-bin"),
+         "--srcdict", str(teacher / "dict.txt"), "--joined-dictionary", "--workers", "1"],
+        check=True, capture_output=True, env=env,
+    )
+    out = tmp_path / "results" / "e2e.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "fairseq_nat_ext.benchmark.run", "--benchmark", "e2e",
+         "--data-bin", str(tmp_path / "data-bin"), "--raw-ref", str(tmp_path / "raw.de"),
+         "--src-lang", "en", "--tgt-lang", "de", "--system-ckpt", str(teacher / "teacher.pt"),
+         "--decoding", "beam=1", "--no-distilled", "--train-wall-s", "5700", "--threads", "2",
+         "--latency-sentences", "5", "--warmup-sentences", "1", "--reference-row",
+         "--out", str(out)],
+        capture_output=True, text=True, env=env, cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = res.load_results(out)  # validates the schema
+    rows = {r["system"]: r for r in results["rows"]}
+    assert set(rows) == {"fairseq:transformer", "reference"}
+    row = rows["fairseq:transformer"]
+    assert row["decoding"] == "beam=1" and row["train_updates"] == 1300
+    assert row["bleu"] > 20, row
+    assert 1 < row["iterations"] < 60 and row["latency_ms_b1"] > 0 and row["sent_per_s_b128"] > 0
+    hyps = (tmp_path / row["hyp"]).read_text(encoding="utf-8").splitlines()
+    assert len(hyps) == 20 and all(hyps)
+    refs = scoring.read_lines(tmp_path / "raw.de")
+    assert row["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score, abs=1e-3)
+    assert (tmp_path / "results" / "e2e.png").is_file()
