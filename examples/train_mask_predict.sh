@@ -42,7 +42,7 @@ fairseq-train "$DATA_BIN" --user-dir "$USER_DIR" "${SYS[@]}" \
   --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" --weight-decay 0.01 --clip-norm 5.0 \
   --max-tokens "$MAX_TOKENS" --max-update "$MAX_UPDATE" --seed "$SEED" --num-workers 0 \
   --save-dir "$SAVE_DIR" --save-interval-updates "$SAVE_INTERVAL_UPDATES" --keep-interval-updates "$((AVG > 2 ? AVG : 2))" \
-  --keep-last-epochs 1 --log-format simple --log-interval 20 "$@" 2>&1 | tee -a "$SAVE_DIR/train.log"
+  --keep-last-epochs "$((AVG > 2 ? AVG : 2))" --log-format simple --log-interval 20 "$@" 2>&1 | tee -a "$SAVE_DIR/train.log"
 if [[ "$AVG" -gt 0 ]]; then
   "$SCRIPT_DIR/average_checkpoints.sh" "$SAVE_DIR" "$AVG" "$SAVE_DIR/checkpoint_avg.pt" >&2
   echo "$SAVE_DIR/checkpoint_avg.pt"

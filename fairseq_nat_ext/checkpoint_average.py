@@ -6,9 +6,11 @@
 Checkpoints are the files fairseq-train writes in SAVE_DIR: ``checkpointE.pt``
 (end of epoch E) and ``checkpoint_E_U.pt`` (after update U, with
 ``--save-interval-updates``); ``checkpoint_best.pt`` / ``checkpoint_last.pt``
-are never used.  ``--kind auto`` (default) uses the update checkpoints when
-there are any, else the epoch ones; the last N are those with the highest
-epoch, respectively update, number.
+are never used.  ``--kind auto`` (default) merges both kinds and orders them by
+their number of updates (read from the file name, or from the state of an epoch
+checkpoint): fairseq writes an epoch checkpoint *instead of* the update one when
+an update interval ends exactly at an epoch end, so neither kind alone is
+complete.  ``--kind epoch`` / ``update`` use only that kind.
 
 Each file is loaded with ``fairseq.checkpoint_utils.load_checkpoint_to_cpu``
 (this package's checkpoint compatibility makes that work with torch's
@@ -58,9 +60,17 @@ def find_checkpoints(save_dir: str, kind: str = "auto") -> Tuple[str, List[str]]
         if m:
             updates.append(((int(m.group(2)), int(m.group(1))), os.path.join(save_dir, name)))
     if kind == "auto":
-        kind = "update" if updates else "epoch"
+        merged = {upd: path for (upd, _), path in updates}
+        for _, path in epochs:
+            merged.setdefault(_num_updates(path), path)
+        return "auto", [merged[u] for u in sorted(merged)]
     chosen = sorted(updates) if kind == "update" else sorted(epochs)
     return kind, [path for _, path in chosen]
+
+
+def _num_updates(path: str) -> int:
+    state = _load(path)
+    return int(state["optimizer_history"][-1].get("num_updates", 0))
 
 
 def last_checkpoints(save_dir: str, n: int, kind: str = "auto") -> List[str]:
@@ -69,7 +79,8 @@ def last_checkpoints(save_dir: str, n: int, kind: str = "auto") -> List[str]:
         raise ValueError(f"N must be >= 1, got {n}")
     kind, paths = find_checkpoints(save_dir, kind)
     if len(paths) < n:
-        pattern = "checkpoint_E_U.pt" if kind == "update" else "checkpointE.pt"
+        pattern = {"update": "checkpoint_E_U.pt", "epoch": "checkpointE.pt"}.get(
+            kind, "checkpointE.pt or checkpoint_E_U.pt")
         raise ValueError(
             f"{save_dir} has {len(paths)} {kind} checkpoints ({pattern}), fewer than the {n} asked for"
         )

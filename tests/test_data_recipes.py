@@ -194,14 +194,24 @@ def test_checkpoint_average_matches_manual_mean(tmp_path, capsys):
     capsys.readouterr()
     assert ca.main([str(save), "5", str(tmp_path / "x.pt")]) == 1
     err = capsys.readouterr().err
-    assert err == f"error: {save} has 4 epoch checkpoints (checkpointE.pt), fewer than the 5 asked for\n"
+    assert err == (f"error: {save} has 4 auto checkpoints (checkpointE.pt or checkpoint_E_U.pt), "
+                   "fewer than the 5 asked for\n")
     assert not (tmp_path / "x.pt").exists()
 
 
-def test_checkpoint_average_prefers_update_checkpoints(tmp_path):
-    for name, seed in [("checkpoint3.pt", 1), ("checkpoint_2_900.pt", 2), ("checkpoint_3_1000.pt", 3),
-                       ("checkpoint_1_80.pt", 4)]:
-        _fake_checkpoint(tmp_path / name, seed, 0)
+def test_checkpoint_average_merges_epoch_and_update_checkpoints(tmp_path):
+    # fairseq writes checkpoint2.pt instead of checkpoint_2_200.pt when update 200 ends epoch 2
+    for name, seed, upd in [("checkpoint_1_100.pt", 1, 100), ("checkpoint2.pt", 2, 200),
+                            ("checkpoint_3_300.pt", 3, 300), ("checkpoint1.pt", 4, 150)]:
+        _fake_checkpoint(tmp_path / name, seed, upd)
+    assert [os.path.basename(p) for p in ca.last_checkpoints(str(tmp_path), 3)] == [
+        "checkpoint1.pt", "checkpoint2.pt", "checkpoint_3_300.pt"]
+
+
+def test_checkpoint_average_orders_by_updates(tmp_path):
+    for name, seed, upd in [("checkpoint3.pt", 1, 700), ("checkpoint_2_900.pt", 2, 900),
+                            ("checkpoint_3_1000.pt", 3, 1000), ("checkpoint_1_80.pt", 4, 80)]:
+        _fake_checkpoint(tmp_path / name, seed, upd)
     assert [os.path.basename(p) for p in ca.last_checkpoints(str(tmp_path), 2)] == [
         "checkpoint_2_900.pt", "checkpoint_3_1000.pt"]
     assert [os.path.basename(p) for p in ca.last_checkpoints(str(tmp_path), 1, kind="epoch")] == [

@@ -3,9 +3,9 @@
 # fairseq's cmlm_transformer, measured by fairseq_nat_ext.benchmark.run with one protocol.
 #
 # Usage (from anywhere; every setting has a default, override by environment variable):
-#   DATA_BIN=/work/runs/m30k_distill/data-bin \
-#   MP_CKPT=/work/runs/mp_ours/checkpoint_best.pt \
-#   CMLM_CKPT=/work/runs/cmlm/checkpoint_best.pt \
+#   DATA_BIN=$REPO/runs/m30k_distill/data-bin \
+#   MP_CKPT=$REPO/runs/mp_ours/checkpoint_avg.pt \
+#   CMLM_CKPT=$REPO/runs/cmlm/checkpoint_avg.pt \
 #   bash examples/benchmark/mask_predict.sh
 #
 # Rows written to $OUT (upserted: other rows are kept):
@@ -22,17 +22,17 @@
 #   DATA_BIN          data-bin with the test split (a distilled data-bin is fine: distillation only
 #                     changes train targets); its dictionary must be the teacher's dict.txt
 #                     (examples/prepare_data.sh --codes bpe.codes --srcdict dict.txt)
-#                     default /work/runs/m30k_distill/data-bin
+#                     default $REPO/runs/m30k_distill/data-bin
 #   RAW_REF           raw reference of the test split (default the shared test_2016_flickr.de.gz)
 #   SRC, TGT          languages (default en, de)
 #   TEACHER_CKPT      default /work/shared/data/multi30k-teacher/teacher.pt
 #   TEACHER_UPDATES   default: read from the checkpoint (1300)
 #   TEACHER_WALL_S    default 5700 (its README: about 95 minutes; the checkpoint does not store it)
-#   MP_CKPT           default /work/runs/mp_ours/checkpoint_best.pt
-#   MP_TRAIN_LOG      default /work/runs/mp_ours/train.log (used when it exists)
+#   MP_CKPT           default $REPO/runs/mp_ours/checkpoint_avg.pt
+#   MP_TRAIN_LOG      default $REPO/runs/mp_ours/train.log (used when it exists)
 #   MP_UPDATES, MP_WALL_S      explicit values (else the log, else the checkpoint)
-#   CMLM_CKPT         default /work/runs/cmlm/checkpoint_best.pt
-#   CMLM_TRAIN_LOG    default /work/runs/cmlm/train.log (used when it exists)
+#   CMLM_CKPT         default $REPO/runs/cmlm/checkpoint_avg.pt
+#   CMLM_TRAIN_LOG    default $REPO/runs/cmlm/train.log (used when it exists)
 #   CMLM_UPDATES, CMLM_WALL_S  explicit values (else the log, else the checkpoint)
 #   THREADS           torch threads, the same for every system (default 2)
 #   LATENCY_SENTENCES batch-1 latency on the first N test sentences (default 200; 0 = all)
@@ -50,19 +50,19 @@ if [[ -z "${PYTHON:-}" ]]; then
     if [[ -x "$REPO/.venv/bin/python" ]]; then PYTHON="$REPO/.venv/bin/python"; else PYTHON=python; fi
 fi
 
-DATA_BIN="${DATA_BIN:-/work/runs/m30k_distill/data-bin}"
+DATA_BIN="${DATA_BIN:-$REPO/runs/m30k_distill/data-bin}"
 RAW_REF="${RAW_REF:-/work/shared/data/multi30k/test_2016_flickr.de.gz}"
 SRC="${SRC:-en}"
 TGT="${TGT:-de}"
 TEACHER_CKPT="${TEACHER_CKPT:-/work/shared/data/multi30k-teacher/teacher.pt}"
 TEACHER_UPDATES="${TEACHER_UPDATES:-}"
 TEACHER_WALL_S="${TEACHER_WALL_S:-5700}"
-MP_CKPT="${MP_CKPT:-/work/runs/mp_ours/checkpoint_best.pt}"
-MP_TRAIN_LOG="${MP_TRAIN_LOG:-/work/runs/mp_ours/train.log}"
+MP_CKPT="${MP_CKPT:-$REPO/runs/mp_ours/checkpoint_avg.pt}"
+MP_TRAIN_LOG="${MP_TRAIN_LOG:-$REPO/runs/mp_ours/train.log}"
 MP_UPDATES="${MP_UPDATES:-}"
 MP_WALL_S="${MP_WALL_S:-}"
-CMLM_CKPT="${CMLM_CKPT:-/work/runs/cmlm/checkpoint_best.pt}"
-CMLM_TRAIN_LOG="${CMLM_TRAIN_LOG:-/work/runs/cmlm/train.log}"
+CMLM_CKPT="${CMLM_CKPT:-$REPO/runs/cmlm/checkpoint_avg.pt}"
+CMLM_TRAIN_LOG="${CMLM_TRAIN_LOG:-$REPO/runs/cmlm/train.log}"
 CMLM_UPDATES="${CMLM_UPDATES:-}"
 CMLM_WALL_S="${CMLM_WALL_S:-}"
 THREADS="${THREADS:-2}"
