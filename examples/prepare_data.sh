@@ -204,6 +204,11 @@ else
         "$FAST" learnbpe "$BPE_MERGES" "$OUT_DIR/tok/train.$SRC" "$OUT_DIR/tok/train.$TGT" \
             >"$CODES_OUT.tmp" 2>"$OUT_DIR/bpe.log" || { cat "$OUT_DIR/bpe.log" >&2; die "fast learnbpe failed"; }
         [[ -s "$CODES_OUT.tmp" ]] || die "fast learnbpe produced no codes"
+        # asked for more merges than the corpus has pairs, fastBPE pads the codes with repeated
+        # zero-count merges ("m m 0") that its own applybpe then rejects: keep the real ones only
+        awk '$3 > 0' "$CODES_OUT.tmp" >"$CODES_OUT.real" && mv -f "$CODES_OUT.real" "$CODES_OUT.tmp"
+        n_codes=$(wc -l <"$CODES_OUT.tmp")
+        [[ "$n_codes" -lt "$BPE_MERGES" ]] && log "the corpus allows only $n_codes merges (asked for $BPE_MERGES)"
         mv -f "$CODES_OUT.tmp" "$CODES_OUT"
     fi
 fi

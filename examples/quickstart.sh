@@ -19,8 +19,8 @@ OUT="$(mkdir -p "${1:-quickstart_out}" && cd "${1:-quickstart_out}" && pwd)"
 PYTHON="${PYTHON:-python}"
 command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"
-TEACHER_UPDATES="${TEACHER_UPDATES:-600}"
-NAT_UPDATES="${NAT_UPDATES:-600}"
+TEACHER_UPDATES="${TEACHER_UPDATES:-500}"
+NAT_UPDATES="${NAT_UPDATES:-500}"
 CORPUS_TRAIN="${CORPUS_TRAIN:-20000}"; CORPUS_TEST="${CORPUS_TEST:-500}"
 LATENCY_SENTENCES="${LATENCY_SENTENCES:-100}"
 say() { echo "[quickstart $(date +%H:%M:%S)] $*" >&2; }

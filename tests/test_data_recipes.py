@@ -136,6 +136,19 @@ def test_prepare_data_rerun_is_cheap_and_codes_reusable(prepared, tmp_path):
     assert (out / "data-bin" / "train.src-tgt.tgt.bin").stat().st_mtime_ns == before
 
 
+def test_prepare_data_with_more_merges_than_the_corpus_allows(tmp_path):
+    # fastBPE pads the codes with zero-count merges its own applybpe rejects; we drop them
+    raw = tmp_path / "raw"
+    corpus = synthetic_corpus.generate_corpus(seed=2, sizes={"train": 100, "valid": 10, "test": 10})
+    synthetic_corpus.write_corpus(str(raw), corpus)
+    proc = _bash("prepare_data.sh", raw, "src", "tgt", tmp_path / "out", "--bpe-merges", "100000",
+                 "--workers", "1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    codes = _lines(tmp_path / "out" / "bpe.codes")
+    assert 0 < len(codes) < 100000 and all(int(c.split()[2]) > 0 for c in codes)
+    assert "allows only" in proc.stderr
+
+
 def test_prepare_data_fails_fast_with_validator_line(tmp_path):
     # Multi30K file names (val, test_2016_flickr, .gz) are found without --splits
     raw = tmp_path / "m30k"
