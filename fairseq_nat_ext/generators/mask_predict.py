@@ -35,7 +35,7 @@ def lowest_prob_mask(probs, lengths, n):
 
 class MaskPredictGenerator:
     def __init__(self, models, tgt_dict, max_iter=10, length_beam=1, adaptive=True,
-                 retain_history=False, max_len_a=0, max_len_b=None):
+                 retain_history=False):
         self.models = models
         self.tgt_dict = tgt_dict
         self.max_iter = max(1, int(max_iter))
