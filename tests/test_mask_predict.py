@@ -180,3 +180,20 @@ def test_generator_trace_and_ensemble(tiny):
     h2 = ens.generate([model, model], sample)[0][0]
     assert torch.equal(h2["tokens"], h["tokens"])
     assert abs(float(h2["score"]) - float(h["score"])) < 1e-5
+
+
+def test_training_loss_projects_only_masked_positions_without_changing_it(tiny):
+    task, model = tiny
+    torch.manual_seed(2)
+    target = torch.randint(4, 20, (3, 6))
+    target[:, -1] = model.eos
+    prev = model.inject_noise(target)
+    src = torch.randint(4, 20, (3, 5))
+    out = model(src, torch.tensor([5, 5, 5]), prev, target)["word_ins"]
+    loss, _ = label_smoothed_nll(out["out"], out["tgt"], out["mask"], 0.1)
+    enc = model.encoder(src, src_lengths=torch.tensor([5, 5, 5]))
+    full = model.decoder(prev, enc)  # (B, T, V) for every position
+    tgt = content_target(target, model.eos, model.pad)
+    ref, _ = label_smoothed_nll(full, tgt, prev.eq(model.mask_idx), 0.1)
+    assert out["out"].size(0) == int(prev.eq(model.mask_idx).sum())
+    assert torch.allclose(loss, ref, atol=1e-5)

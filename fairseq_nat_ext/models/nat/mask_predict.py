@@ -158,12 +158,14 @@ class MaskPredictModel(FairseqNATModel):
         encoder_out = self.encoder(src_tokens, src_lengths=src_lengths)
         length_out = self.decoder.forward_length(encoder_out)
         length_tgt = self.decoder.length_to_class(tgt.ne(self.pad).sum(1), encoder_out)
-        word_out = self.decoder(prev_output_tokens, encoder_out)
+        masked = prev_output_tokens.eq(self.mask_idx)
+        # the loss reads masked positions only: project just those to the vocabulary
+        word_out = self.decoder(prev_output_tokens, encoder_out, select=masked)
         return {
             "word_ins": {
                 "out": word_out,
-                "tgt": tgt,
-                "mask": prev_output_tokens.eq(self.mask_idx),
+                "tgt": tgt[masked],
+                "mask": None,
             },
             "length": {
                 "out": length_out,
