@@ -7,7 +7,8 @@
 #    12 valid targets (3 synonym styles x 2 adjective orders x 2 verb positions);
 # 2. prepare_data.sh: validate, Moses-tokenise, learn + apply BPE (fastBPE), binarise;
 # 3. train a small autoregressive teacher (fairseq's transformer) and distil the training set;
-# 4. train Mask-Predict on the raw and on the distilled targets (same budget);
+# 4. train Mask-Predict on the raw and on the distilled targets (same budget, both initialised from
+#    the teacher's weights unless NAT_INIT=none);
 # 5. benchmark every system on the test set (BLEU, latency, iterations, repeat rate) and print the
 #    table, plus the fraction of outputs that are a valid translation (one consistent mode).
 # Budgets (updates) are set below (TEACHER_UPDATES, NAT_UPDATES; CORPUS_TRAIN, CORPUS_TEST sentences) and recorded in OUT_DIR/results.json.  Everything resumes: rerun
@@ -23,6 +24,8 @@ TEACHER_UPDATES="${TEACHER_UPDATES:-500}"
 NAT_UPDATES="${NAT_UPDATES:-500}"
 CORPUS_TRAIN="${CORPUS_TRAIN:-20000}"; CORPUS_TEST="${CORPUS_TEST:-500}"
 LATENCY_SENTENCES="${LATENCY_SENTENCES:-100}"
+NAT_INIT="${NAT_INIT:-teacher}"   # teacher: both NAT runs start from the teacher's weights; none: random
+[[ "$NAT_INIT" == teacher || "$NAT_INIT" == none ]] || { echo "error: NAT_INIT must be teacher or none, got '$NAT_INIT'" >&2; exit 1; }
 say() { echo "[quickstart $(date +%H:%M:%S)] $*" >&2; }
 
 # tiny models: 2+2 layers, d=128
@@ -50,7 +53,8 @@ DBIN="$OUT/distill/data-bin"
 
 train_nat() {  # data-bin save-dir
   if [[ ! -s "$2/checkpoint_avg.pt" ]]; then
-    MAX_UPDATE="$NAT_UPDATES" SAVE_INTERVAL_UPDATES=100 AVG=3 \
+    local init=""; [[ "$NAT_INIT" == teacher ]] && init="$OUT/teacher/checkpoint_avg.pt"
+    INIT_FROM="$init" MAX_UPDATE="$NAT_UPDATES" SAVE_INTERVAL_UPDATES=100 AVG=3 \
       "$SCRIPT_DIR/train_mask_predict.sh" "$1" "$2" --arch mask_predict \
       --validate-interval 1000 >/dev/null
   fi
@@ -62,7 +66,7 @@ train_nat "$DBIN" "$OUT/mp_distill"
 
 say "5/5 benchmarking"
 RES="$OUT/results.json"
-CMD="examples/quickstart.sh (teacher ${TEACHER_UPDATES} updates, mask_predict ${NAT_UPDATES} updates, 2+2 layers d=128, 2 threads)"
+CMD="examples/quickstart.sh (teacher ${TEACHER_UPDATES} updates, mask_predict ${NAT_UPDATES} updates (init: ${NAT_INIT}), 2+2 layers d=128, 2 threads)"
 bench() {  # ckpt distilled(yes/no) updates decodings...
   local ckpt="$1" dist="$2" upd="$3"; shift 3
   local flags=()
