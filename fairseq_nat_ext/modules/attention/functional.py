@@ -1,0 +1,106 @@
+"""Building blocks shared by the attention variants.
+
+A *partial* attention is the softmax attention of every query over one subset of keys, returned as
+``(out, lse)``: ``out`` (B, H, N, d) normalised within the subset and ``lse`` (B, H, N) the
+log-sum-exp of the subset's scores (-inf where a query has no key in it).  Partials over DISJOINT key
+subsets combine exactly into the softmax over their union with :func:`merge_partials`; that is how a
+window, global keys, random blocks, ... form one attention distribution without an N x N tensor.
+"""
+
+import math
+from typing import List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+Tensor = torch.Tensor
+
+
+def valid_keys(lengths: Tensor, n: int) -> Tensor:
+    """(B, n) bool, True at real (non-padding) positions of a right-aligned batch."""
+    return torch.arange(n, device=lengths.device).unsqueeze(0) < lengths.unsqueeze(1)
+
+
+def masked_softmax(scores: Tensor, allowed: Tensor, dropout: float = 0.0, training: bool = False
+                   ) -> Tuple[Tensor, Tensor]:
+    """Softmax over the last dim restricted to ``allowed``; returns (probs, lse).
+
+    Rows without any allowed entry get all-zero probabilities and lse = -inf (and no NaN in the
+    backward pass).  Computed in float32 for half-precision inputs.
+    """
+    dtype = scores.dtype
+    s = scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores
+    s = s.masked_fill(~allowed, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    safe = lse.masked_fill(torch.isinf(lse), 0.0)
+    probs = torch.exp(s - safe.unsqueeze(-1)).masked_fill(~allowed, 0.0)
+    if dropout > 0.0 and training:
+        probs = F.dropout(probs, p=dropout, training=True)
+    return probs.to(dtype), lse
+
+
+def merge_partials(parts: List[Tuple[Tensor, Tensor]]) -> Tensor:
+    """Exact softmax attention over the union of the disjoint key subsets of ``parts``."""
+    if len(parts) == 1:
+        return parts[0][0]
+    lses = torch.stack([lse for _, lse in parts])  # (P, B, H, N)
+    total = torch.logsumexp(lses, dim=0)
+    safe = total.masked_fill(torch.isinf(total), 0.0)
+    weights = torch.exp(lses - safe.unsqueeze(0))
+    out = 0
+    for w, (o, _) in zip(weights, parts):
+        out = out + w.unsqueeze(-1).to(o.dtype) * o
+    return out
+
+
+def dense_partial(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, dropout: float = 0.0,
+                  training: bool = False) -> Tuple[Tensor, Tensor]:
+    """q (B, H, N, d) over a SMALL key set k, v (B, H, M, d); ``allowed`` broadcasts to (B, H, N, M)."""
+    scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(q.size(-1))
+    probs, lse = masked_softmax(scores, allowed, dropout, training)
+    return torch.matmul(probs, v), lse
+
+
+def local_partial(q: Tensor, k: Tensor, v: Tensor, lengths: Tensor, radius: int, min_key: int = 0,
+                  dropout: float = 0.0, training: bool = False) -> Tuple[Tensor, Tensor]:
+    """Each query i over the keys j with |i - j| <= radius, j >= min_key, j < length (blocked).
+
+    The sequence is cut into blocks of w = radius positions; query block b reads key blocks b-1, b, b+1
+    (3w keys), so time and memory are O(N * 3w) and no N x N tensor is built.
+    """
+    B, H, N, d = q.shape
+    w = max(1, min(radius, N))
+    nb = -(-N // w)
+    L = nb * w
+    qb = F.pad(q, (0, 0, 0, L - N)).view(B, H, nb, w, d)
+    kw = F.pad(k, (0, 0, w, L - N + w)).unfold(2, 3 * w, w)  # (B, H, nb, d, 3w)
+    vw = F.pad(v, (0, 0, w, L - N + w)).unfold(2, 3 * w, w)
+    scores = torch.einsum("bhnid,bhndj->bhnij", qb, kw) / math.sqrt(d)  # (B, H, nb, w, 3w)
+    dev = q.device
+    qpos = torch.arange(L, device=dev).view(nb, w, 1)
+    kpos = (torch.arange(nb, device=dev) * w - w).view(nb, 1, 1) + torch.arange(3 * w, device=dev).view(1, 1, -1)
+    allowed = ((kpos - qpos).abs() <= radius) & (kpos >= max(min_key, 0))  # (nb, w, 3w)
+    allowed = allowed.unsqueeze(0) & (kpos.unsqueeze(0) < lengths.view(B, 1, 1, 1))  # (B, nb, w, 3w)
+    probs, lse = masked_softmax(scores, allowed.unsqueeze(1), dropout, training)
+    out = torch.einsum("bhnij,bhndj->bhnid", probs, vw).reshape(B, H, L, d)[:, :, :N]
+    return out, lse.reshape(B, H, L)[:, :, :N]
+
+
+def gather_positions(x: Tensor, index: Tensor) -> Tensor:
+    """x (B, H, N, d), index (B, H, M) -> (B, H, M, d)."""
+    return x.gather(2, index.unsqueeze(-1).expand(*index.shape, x.size(-1)))
+
+
+def scatter_positions(values: Tensor, index: Tensor, n: int) -> Tensor:
+    """Inverse of :func:`gather_positions` for a permutation ``index`` of 0..n-1 (M == n)."""
+    out = values.new_zeros(*values.shape[:2], n, values.size(-1))
+    return out.scatter(2, index.unsqueeze(-1).expand_as(values), values)
+
+
+def check_max_positions(n: int, max_positions: int, name: str) -> None:
+    if n > max_positions:
+        from fairseq_nat_ext.compat import InputError
+
+        raise InputError(
+            f"{name} attention: input of {n} tokens is longer than --max-positions {max_positions} "
+            "(its parameters are tied to positions); raise --max-positions or shorten the input")

@@ -1,0 +1,76 @@
+"""``EfficientSelfAttention``: the fairseq-facing self-attention module.
+
+It has fairseq's ``MultiheadAttention`` call signature and parameter names (q_proj, k_proj, v_proj,
+out_proj), so it drops into fairseq's ``TransformerEncoderLayer``.  It
+
+1. right-aligns the batch: fairseq left-pads sources; the real tokens of every sequence are moved to
+   positions 0 .. len-1 (a stable sort on the padding mask, so any padding side works), which makes
+   windows, blocks, strides and position-tied projections lie over the real tokens only;
+2. projects to heads and gives each group of heads its variant (``--encoder-attention-mix``);
+3. projects back and restores fairseq's layout (padding positions output zeros).
+"""
+
+from typing import List, Optional, Tuple
+
+import torch
+import torch.nn as nn
+
+from fairseq_nat_ext.compat import InputError
+
+from .registry import AttentionOptions, build_attention
+
+
+class EfficientSelfAttention(nn.Module):
+    def __init__(self, embed_dim: int, num_heads: int, spec: List[Tuple[str, int]], opts: AttentionOptions,
+                 dropout: float = 0.0, bias: bool = True):
+        super().__init__()
+        if embed_dim % num_heads:
+            raise InputError(f"embed dim {embed_dim} is not divisible by {num_heads} attention heads")
+        self.embed_dim, self.num_heads = embed_dim, num_heads
+        self.head_dim = embed_dim // num_heads
+        self.spec = list(spec)
+        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.k_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.v_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.variants = nn.ModuleList(build_attention(name, heads, self.head_dim, opts) for name, heads in spec)
+        for module in self.variants:
+            module.dropout = dropout
+        # fairseq's MultiheadAttention initialisation
+        for lin in (self.q_proj, self.k_proj, self.v_proj):
+            nn.init.xavier_uniform_(lin.weight, gain=1 / 2 ** 0.5)
+        nn.init.xavier_uniform_(self.out_proj.weight)
+        if bias:
+            nn.init.constant_(self.out_proj.bias, 0.0)
+
+    def forward(self, query, key=None, value=None, key_padding_mask: Optional[torch.Tensor] = None,
+                need_weights: bool = False, attn_mask: Optional[torch.Tensor] = None, **unused):
+        """query (T, B, C), key_padding_mask (B, T) True at padding -> ((T, B, C), None).
+
+        Self-attention: ``key`` and ``value`` (fairseq passes the query again) are not used."""
+        if attn_mask is not None:
+            raise ValueError("EfficientSelfAttention is encoder self-attention: attn_mask is not supported")
+        T, B, C = query.shape
+        x = query.transpose(0, 1)  # (B, T, C)
+        perm = None
+        if key_padding_mask is not None and key_padding_mask.any():
+            pad = key_padding_mask.bool()
+            lengths = (~pad).sum(1)
+            perm = torch.sort(pad.to(torch.uint8), dim=1, stable=True).indices  # real tokens first
+            x = x.gather(1, perm.unsqueeze(-1).expand(B, T, C))
+        else:
+            lengths = torch.full((B,), T, dtype=torch.long, device=query.device)
+        H, d = self.num_heads, self.head_dim
+        q = self.q_proj(x).view(B, T, H, d).transpose(1, 2)  # (B, H, T, d)
+        k = self.k_proj(x).view(B, T, H, d).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, H, d).transpose(1, 2)
+        outs, h0 = [], 0
+        for module, (_, heads) in zip(self.variants, self.spec):
+            outs.append(module(q[:, h0:h0 + heads], k[:, h0:h0 + heads], v[:, h0:h0 + heads], lengths))
+            h0 += heads
+        out = self.out_proj(torch.cat(outs, 1).transpose(1, 2).reshape(B, T, C))
+        if perm is not None:
+            real = torch.arange(T, device=query.device).unsqueeze(0) < lengths.unsqueeze(1)
+            out = out.masked_fill(~real.unsqueeze(-1), 0.0)
+            out = torch.zeros_like(out).scatter(1, perm.unsqueeze(-1).expand(B, T, C), out)
+        return out.transpose(0, 1), None

@@ -1,0 +1,295 @@
+"""Attention variants: maths against slow dense references, padding invariance, no N x N tensors."""
+import math
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import fairseq_nat_ext  # noqa: F401
+from fairseq_nat_ext.compat import InputError
+from fairseq_nat_ext.modules.attention import (
+    ATTENTION_REGISTRY,
+    QUADRATIC_VARIANTS,
+    AttentionOptions,
+    EfficientSelfAttention,
+    build_attention,
+    parse_mix,
+)
+
+SMALL = AttentionOptions(attention_window=3, attention_stride=4, strided_window=0, global_tokens=2,
+                         linformer_k=8, compress_kernel=3, performer_features=64, max_positions=64,
+                         block_size=4, lsh_bucket_size=4, lsh_rounds=2)
+
+
+def qkv(B=3, H=2, N=23, d=8, seed=0, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(B, H, N, d, generator=g, dtype=dtype) for _ in range(3)]
+
+
+def reference(q, k, v, see):
+    """Slow, obviously correct: explicit scores, -inf where ``see`` (B, N, N) is False."""
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.size(-1))
+    scores = scores.masked_fill(~see[:, None], float("-inf"))
+    probs = torch.softmax(scores, -1).nan_to_num(0.0)
+    return probs @ v
+
+
+def real_rows(out, lengths):
+    return [out[b, :, : int(lengths[b])] for b in range(out.size(0))]
+
+
+def assert_real_close(a, b, lengths, **kw):
+    for x, y in zip(real_rows(a, lengths), real_rows(b, lengths)):
+        torch.testing.assert_close(x, y, **kw)
+
+
+def build(name, opts=SMALL, H=2, d=8):
+    return build_attention(name, H, d, opts).double().eval()
+
+
+LENGTHS = torch.tensor([23, 17, 5])
+
+
+@pytest.mark.parametrize("name,opts", [
+    ("local", SMALL),
+    ("local", AttentionOptions(attention_window=1)),
+    ("strided", SMALL),
+    ("strided", AttentionOptions(attention_stride=3, strided_window=2)),
+    ("strided", AttentionOptions(attention_stride=5, strided_window=7)),
+    ("global", SMALL),
+    ("global", AttentionOptions(global_tokens=7, attention_window=2)),
+])
+def test_sparse_pattern_matches_dense_masked_reference(name, opts):
+    q, k, v = qkv()
+    mod = build(name, opts)
+    out = mod(q, k, v, LENGTHS)
+    ref = reference(q, k, v, mod.pattern(LENGTHS, q.size(2)))
+    assert_real_close(out, ref, LENGTHS)
+
+
+def test_local_with_window_at_least_n_equals_full():
+    q, k, v = qkv()
+    wide = build("local", AttentionOptions(attention_window=23))
+    assert_real_close(wide(q, k, v, LENGTHS), build("full")(q, k, v, LENGTHS), LENGTHS)
+
+
+def test_full_equals_explicit_full_and_reference():
+    q, k, v = qkv()
+    real = torch.arange(23)[None, :] < LENGTHS[:, None]
+    see = real[:, None, :] & real[:, :, None]
+    ref = reference(q, k, v, see)
+    assert_real_close(build("full")(q, k, v, LENGTHS), ref, LENGTHS)
+    assert_real_close(build("full_explicit")(q, k, v, LENGTHS), ref, LENGTHS)
+
+
+def test_linformer_with_identity_projection_and_k_equal_n_is_full():
+    N = 16
+    q, k, v = qkv(N=N)
+    mod = build("linformer", AttentionOptions(linformer_k=N, max_positions=N))
+    with torch.no_grad():
+        mod.proj_k.copy_(torch.eye(N))
+        mod.proj_v.copy_(torch.eye(N))
+    full_len = torch.full((3,), N)
+    torch.testing.assert_close(mod(q, k, v, full_len), build("full")(q, k, v, full_len))
+
+
+def test_linformer_matches_its_definition_with_padding():
+    q, k, v = qkv()
+    mod = build("linformer")
+    out = mod(q, k, v, LENGTHS)
+    for b, n in enumerate(LENGTHS.tolist()):  # one sequence at a time, no padding at all
+        E, F_ = mod.proj_k[:, :n], mod.proj_v[:, :n]
+        kl, vl = E @ k[b, :, :n], F_ @ v[b, :, :n]
+        p = torch.softmax(q[b, :, :n] @ kl.transpose(-1, -2) / math.sqrt(8), -1)
+        torch.testing.assert_close(out[b, :, :n], p @ vl)
+
+
+def test_compressed_with_kernel_one_and_identity_conv_is_full():
+    q, k, v = qkv()
+    mod = build("compressed", AttentionOptions(compress_kernel=1))
+    with torch.no_grad():
+        for conv in (mod.conv_k, mod.conv_v):
+            conv.weight.copy_(torch.eye(8).unsqueeze(-1))
+            conv.bias.zero_()
+    assert_real_close(mod(q, k, v, LENGTHS), build("full")(q, k, v, LENGTHS), LENGTHS)
+
+
+def test_compressed_matches_mean_pooling_reference():
+    q, k, v = qkv()
+    c = 3
+    mod = build("compressed", AttentionOptions(compress_kernel=c))
+    with torch.no_grad():
+        for conv in (mod.conv_k, mod.conv_v):
+            conv.weight.copy_(torch.eye(8).unsqueeze(-1).expand(8, 8, c) / c)
+            conv.bias.zero_()
+    out = mod(q, k, v, LENGTHS)
+    for b, n in enumerate(LENGTHS.tolist()):
+        m = -(-n // c)
+        kk = torch.zeros(2, m * c, 8, dtype=q.dtype)
+        vv = torch.zeros(2, m * c, 8, dtype=q.dtype)
+        kk[:, :n], vv[:, :n] = k[b, :, :n], v[b, :, :n]
+        kc, vc = kk.view(2, m, c, 8).mean(2), vv.view(2, m, c, 8).mean(2)
+        p = torch.softmax(q[b, :, :n] @ kc.transpose(-1, -2) / math.sqrt(8), -1)
+        torch.testing.assert_close(out[b, :, :n], p @ vc)
+
+
+@pytest.mark.parametrize("fmap", ["elu", "relu", "performer"])
+def test_linear_attention_equals_its_explicit_quadratic_form(fmap):
+    q, k, v = qkv()
+    mod = build("linear", AttentionOptions(feature_map=fmap, performer_features=64))
+    out = mod(q, k, v, LENGTHS)
+    real = (torch.arange(23)[None, :] < LENGTHS[:, None])[:, None, None, :]
+    A = (mod.phi(q, True) @ mod.phi(k, False, real.transpose(-1, -2).double()).transpose(-1, -2)) * real
+    ref = (A @ v) / A.sum(-1, keepdim=True)
+    assert_real_close(out, ref, LENGTHS)
+
+
+def test_performer_approximates_softmax_attention():
+    torch.manual_seed(0)
+    q, k, v = [t * 0.5 for t in qkv(N=64, d=16, H=1, B=2)]
+    lengths = torch.full((2,), 64)
+    mod = build("linear", AttentionOptions(feature_map="performer", performer_features=2048), H=1, d=16)
+    exact = build("full", H=1, d=16)(q, k, v, lengths)
+    err = (mod(q, k, v, lengths) - exact).abs().mean() / exact.abs().mean()
+    assert err < 0.1, err
+
+
+def test_performer_redraws_features_during_training_only():
+    mod = build("linear", AttentionOptions(feature_map="performer", performer_features=16, performer_redraw=2))
+    q, k, v = qkv()
+    first = mod.features.clone()
+    mod(q, k, v, LENGTHS)
+    mod(q, k, v, LENGTHS)
+    assert torch.equal(mod.features, first), "eval forwards never redraw"
+    mod.train()
+    mod(q, k, v, LENGTHS)
+    assert torch.equal(mod.features, first)
+    mod(q, k, v, LENGTHS)
+    assert not torch.equal(mod.features, first)
+
+
+def test_synthesizers_match_their_definitions():
+    q, k, v = qkv()
+    dense = build("synthesizer_dense")
+    out = dense(q, k, v, LENGTHS)
+    rnd = build("synthesizer_random")
+    out_r = rnd(q, k, v, LENGTHS)
+    for b, n in enumerate(LENGTHS.tolist()):
+        for h in range(2):
+            logits = torch.relu(q[b, h, :n] @ dense.w1[h] + dense.b1[h]) @ dense.w2[h, :, :n] + dense.b2[h, :, :n]
+            torch.testing.assert_close(out[b, h, :n], torch.softmax(logits, -1) @ v[b, h, :n])
+            torch.testing.assert_close(out_r[b, h, :n], torch.softmax(rnd.logits[h, :n, :n], -1) @ v[b, h, :n])
+
+
+@pytest.mark.parametrize("name", ["linformer", "synthesizer_dense", "synthesizer_random"])
+def test_position_tied_variants_refuse_long_inputs(name):
+    q, k, v = qkv(N=70)
+    with pytest.raises(InputError, match="longer than --max-positions 64"):
+        build(name)(q, k, v, torch.full((3,), 70))
+
+
+# ---------------------------------------------------------------- the fairseq-facing module
+ALL = sorted(ATTENTION_REGISTRY)
+
+
+def make_layer(name, C=16, H=2, seed=0):
+    torch.manual_seed(seed)
+    return EfficientSelfAttention(C, H, [(name, H)], SMALL).double().eval()
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_padding_side_amount_and_content_do_not_change_real_outputs(name):
+    layer = make_layer(name)
+    g = torch.Generator().manual_seed(1)
+    lengths = [11, 7, 3]
+    tokens = [torch.randn(n, 16, generator=g, dtype=torch.float64) for n in lengths]
+
+    def run(total, side):
+        x = torch.randn(total, 3, 16, generator=g, dtype=torch.float64) * 100  # garbage padding
+        pad = torch.ones(3, total, dtype=torch.bool)
+        for b, t in enumerate(tokens):
+            n = t.size(0)
+            sl = slice(total - n, total) if side == "left" else slice(0, n)
+            x[sl, b] = t
+            pad[b, sl] = False
+        out, _ = layer(x, x, x, key_padding_mask=pad)
+        return [out[(slice(total - t.size(0), total) if side == "left" else slice(0, t.size(0))), b]
+                for b, t in enumerate(tokens)]
+
+    base = run(11, "left")
+    for total, side in [(11, "right"), (19, "left"), (26, "right")]:
+        for a, b in zip(base, run(total, side)):
+            torch.testing.assert_close(a, b)
+    for b, t in enumerate(tokens):  # and alone, without any batch-mate or padding
+        alone, _ = layer(t[:, None], t[:, None], t[:, None], key_padding_mask=None)
+        torch.testing.assert_close(alone[:, 0], base[b])
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_every_variant_trains_and_outputs_are_finite(name):
+    layer = EfficientSelfAttention(16, 2, [(name, 2)], SMALL, dropout=0.1).train()
+    x = torch.randn(9, 2, 16, requires_grad=True)
+    pad = torch.zeros(2, 9, dtype=torch.bool)
+    pad[1, :4] = True
+    out, _ = layer(x, x, x, key_padding_mask=pad)
+    out.sum().backward()
+    assert torch.isfinite(out).all() and torch.isfinite(x.grad).all()
+    assert all(torch.isfinite(p.grad).all() for p in layer.parameters() if p.grad is not None)
+
+
+class _LargestTensor(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else [out]:
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_only_quadratic_variants_build_n_by_n_tensors(name):
+    """Record every tensor created in forward+backward: sub-quadratic variants stay far below N^2."""
+    N = 1024
+    opts = AttentionOptions(attention_window=16, attention_stride=64, global_tokens=4, linformer_k=32,
+                            compress_kernel=16, performer_features=32, max_positions=N)
+    mod = build_attention(name, 1, 8, opts)
+    q, k, v = [torch.randn(1, 1, N, 8, requires_grad=True) for _ in range(3)]
+    with _LargestTensor() as rec:
+        mod(q, k, v, torch.tensor([N - 5])).sum().backward()
+    if name in QUADRATIC_VARIANTS:
+        if name == "full_explicit":  # the recorder sees an N x N tensor when one is built
+            assert rec.largest >= N * N
+        return
+    assert rec.largest < N * N / 8, f"{name} built a tensor of {rec.largest} elements (N^2 = {N * N})"
+
+
+def test_mix_assigns_heads_and_matches_each_variant_alone():
+    torch.manual_seed(0)
+    layer = EfficientSelfAttention(16, 4, parse_mix("mix", "local:2,linear:2", 4), SMALL).double().eval()
+    x = torch.randn(10, 2, 16, dtype=torch.float64)
+    lengths = torch.full((2,), 10)
+    q = layer.q_proj(x.transpose(0, 1)).view(2, 10, 4, 4).transpose(1, 2)
+    k = layer.k_proj(x.transpose(0, 1)).view(2, 10, 4, 4).transpose(1, 2)
+    v = layer.v_proj(x.transpose(0, 1)).view(2, 10, 4, 4).transpose(1, 2)
+    heads = torch.cat([layer.variants[0](q[:, :2], k[:, :2], v[:, :2], lengths),
+                       layer.variants[1](q[:, 2:], k[:, 2:], v[:, 2:], lengths)], 1)
+    expected = layer.out_proj(heads.transpose(1, 2).reshape(2, 10, 16)).transpose(0, 1)
+    torch.testing.assert_close(layer(x, x, x)[0], expected)
+
+
+@pytest.mark.parametrize("args,msg", [
+    (("nope", None, 4), "unknown attention type 'nope'"),
+    (("mix", "local:2,linear:1", 4), "assigns 3 heads but the layer has 4"),
+    (("mix", "local:2,linear", 4), "'linear' is not NAME:HEADS"),
+    (("mix", None, 4), "needs --encoder-attention-mix"),
+    (("local", "local:4", 4), "only used with"),
+    (("mix", "local:2,bogus:2", 4), "unknown attention type 'bogus'"),
+])
+def test_bad_attention_options_are_one_line_errors(args, msg):
+    with pytest.raises(InputError, match=msg) as err:
+        parse_mix(*args)
+    assert "\n" not in str(err.value) and "--encoder-attention" in str(err.value)
