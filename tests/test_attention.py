@@ -17,6 +17,7 @@ from fairseq_nat_ext.modules.attention import (
 )
 
 SMALL = AttentionOptions(attention_window=3, attention_stride=4, strided_window=0, global_tokens=2,
+                         bigbird_window_blocks=3, bigbird_global_blocks=1, bigbird_random_blocks=2,
                          linformer_k=8, compress_kernel=3, performer_features=64, max_positions=64,
                          block_size=4, lsh_bucket_size=4, lsh_rounds=2)
 
@@ -29,7 +30,8 @@ def qkv(B=3, H=2, N=23, d=8, seed=0, dtype=torch.float64):
 def reference(q, k, v, see):
     """Slow, obviously correct: explicit scores, -inf where ``see`` (B, N, N) is False."""
     scores = q @ k.transpose(-1, -2) / math.sqrt(q.size(-1))
-    scores = scores.masked_fill(~see[:, None], float("-inf"))
+    see = see[:, None] if see.dim() == 3 else see  # (B, [H,] N, N)
+    scores = scores.masked_fill(~see, float("-inf"))
     probs = torch.softmax(scores, -1).nan_to_num(0.0)
     return probs @ v
 
@@ -58,6 +60,11 @@ LENGTHS = torch.tensor([23, 17, 5])
     ("strided", AttentionOptions(attention_stride=5, strided_window=7)),
     ("global", SMALL),
     ("global", AttentionOptions(global_tokens=7, attention_window=2)),
+    ("bigbird", SMALL),
+    ("bigbird", AttentionOptions(block_size=3, bigbird_window_blocks=1, bigbird_global_blocks=1,
+                                 bigbird_random_blocks=4, max_positions=64)),
+    ("bigbird", AttentionOptions(block_size=2, bigbird_window_blocks=5, bigbird_global_blocks=0,
+                                 bigbird_random_blocks=2, max_positions=64)),
 ])
 def test_sparse_pattern_matches_dense_masked_reference(name, opts):
     q, k, v = qkv()
@@ -255,6 +262,7 @@ def test_only_quadratic_variants_build_n_by_n_tensors(name):
     """Record every tensor created in forward+backward: sub-quadratic variants stay far below N^2."""
     N = 1024
     opts = AttentionOptions(attention_window=16, attention_stride=64, global_tokens=4, linformer_k=32,
+                            block_size=16, bigbird_global_blocks=1, lsh_bucket_size=16, lsh_rounds=2,
                             compress_kernel=16, performer_features=32, max_positions=N)
     mod = build_attention(name, 1, 8, opts)
     q, k, v = [torch.randn(1, 1, N, 8, requires_grad=True) for _ in range(3)]
@@ -293,3 +301,50 @@ def test_bad_attention_options_are_one_line_errors(args, msg):
     with pytest.raises(InputError, match=msg) as err:
         parse_mix(*args)
     assert "\n" not in str(err.value) and "--encoder-attention" in str(err.value)
+
+
+def test_bigbird_random_blocks_stay_inside_the_real_sequence_and_ignore_padding():
+    mod = build("bigbird", AttentionOptions(block_size=2, bigbird_random_blocks=3, max_positions=64))
+    idx, valid = mod.block_table(torch.tensor([9, 30]), 16)
+    rand = idx[..., -3:]
+    assert (rand[0] < 5).all() and (rand[1] < 15).all()
+    assert valid[..., -3:].any(), "some random blocks survive deduplication"
+    idx_alone, valid_alone = mod.block_table(torch.tensor([9]), 5)
+    assert torch.equal(idx_alone[0, :, :, -3:], rand[0, :, :5])
+    assert torch.equal(valid_alone[0], valid[0, :, :5])
+
+
+def test_lsh_matches_dense_reference_built_from_its_buckets():
+    q, k, v = qkv()
+    mod = build("lsh", SMALL)
+    out = mod(q, k, v, LENGTHS)
+    N, c = 23, SMALL.lsh_bucket_size
+    keys = torch.nn.functional.normalize(q, dim=-1)
+    real = (torch.arange(N)[None, :] < LENGTHS[:, None])[:, None, None, :]
+    outs, lses = [], []
+    for rnd in range(SMALL.lsh_rounds):
+        order = mod.sorted_order(q, LENGTHS, rnd)
+        rank = torch.empty_like(order).scatter_(-1, order, torch.arange(N).expand_as(order).contiguous())
+        chunk = rank // c
+        diff = chunk[..., :, None] - chunk[..., None, :]
+        see = ((diff == 0) | (diff == 1)) & real
+        scores = q @ keys.transpose(-1, -2) / math.sqrt(8) - 1e5 * torch.eye(N, dtype=q.dtype)
+        scores = scores.masked_fill(~see, float("-inf"))
+        lses.append(torch.logsumexp(scores, -1))
+        outs.append(torch.softmax(scores, -1) @ v)
+    total = torch.logsumexp(torch.stack(lses), 0)
+    ref = sum(torch.exp(l - total).unsqueeze(-1) * o for l, o in zip(lses, outs))
+    assert_real_close(out, ref, LENGTHS)
+
+
+def test_lsh_buckets_follow_angles():
+    from fairseq_nat_ext.modules.attention.lsh import lsh_buckets
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 1, 50, 16, generator=g)
+    rot = torch.randn(1, 16, 4, generator=g)
+    nb = torch.tensor([8])
+    b1 = lsh_buckets(x, rot, nb)
+    assert torch.equal(b1, lsh_buckets(3.0 * x, rot, nb)), "angular: scale does not matter"
+    assert (b1 != lsh_buckets(-x, rot, nb)).all(), "opposite vectors never share a bucket"
+    assert b1.min() >= 0 and b1.max() < 8

@@ -1,0 +1,100 @@
+"""``bigbird``: block-sparse attention of BigBird (Zaheer et al. 2020), the same pattern in every head.
+
+The sequence is cut into blocks of --block-size tokens.  The first --bigbird-global-blocks blocks are
+global: their queries see every key and every query sees them.  Every other query block sees its
+window (--bigbird-window-blocks blocks centred on itself), the global blocks, and
+--bigbird-random-blocks random blocks among the sequence's own real blocks.  Random blocks are a
+fixed function of (layer seed, head, query block, number of real blocks), so they never point into
+padding and do not depend on it; a random block that repeats a window/global/earlier random block
+is dropped (each key counted once).  Work and memory are O(N * (w + g + r) * block)."""
+
+import torch
+
+from .base import AttentionVariant
+from .functional import check_max_positions, dense_partial, masked_softmax, valid_keys
+from .registry import register_attention
+
+
+@register_attention("bigbird")
+class BigBirdAttention(AttentionVariant):
+    def __init__(self, num_heads, head_dim, opts, dropout=0.0):
+        super().__init__(num_heads, head_dim, opts, dropout)
+        if opts.bigbird_window_blocks % 2 == 0:
+            from fairseq_nat_ext.compat import InputError
+
+            raise InputError(f"--bigbird-window-blocks must be odd (own block +- neighbours), got {opts.bigbird_window_blocks}")
+        rows = -(-opts.max_positions // opts.block_size)
+        gen = torch.Generator().manual_seed(opts.attention_seed)
+        self.register_buffer("random_u", torch.rand(num_heads, rows, max(opts.bigbird_random_blocks, 1), generator=gen),
+                             persistent=False)
+
+    def block_table(self, lengths, nb):
+        """(B, H, nb, K) key-block index per query block and (B, H, nb, K) validity, K = w + g + r."""
+        o = self.opts
+        dev = lengths.device
+        B = lengths.size(0)
+        real_blocks = (lengths + o.block_size - 1) // o.block_size  # (B,)
+        qb = torch.arange(nb, device=dev)
+        half = o.bigbird_window_blocks // 2
+        window = qb[:, None] + torch.arange(-half, half + 1, device=dev)[None, :]  # (nb, w)
+        glob = torch.arange(o.bigbird_global_blocks, device=dev)[None, :].expand(nb, -1)  # (nb, g)
+        r = o.bigbird_random_blocks
+        u = self.random_u[:, :nb, :r].to(dev)  # (H, nb, r)
+        rand = (u[None] * real_blocks.view(B, 1, 1, 1)).long()  # (B, H, nb, r) in [0, real_blocks)
+        H = self.num_heads
+        idx = torch.cat([window.expand(B, H, nb, -1), glob.expand(B, H, nb, -1), rand], dim=-1)
+        w, g = window.size(1), glob.size(1)
+        rb = real_blocks.view(B, 1, 1, 1)
+        ok_window = (window >= g) & (window >= 0)  # global blocks are counted in the global part
+        ok_window = ok_window.expand(B, H, nb, w) & (window < rb)
+        ok_glob = glob.expand(B, H, nb, g) < rb
+        # random: not in the window, not global, not a repeat of an earlier random block
+        in_window = (rand.unsqueeze(-1) == window.view(1, 1, nb, 1, w)).any(-1)
+        earlier = torch.triu(torch.ones(r, r, dtype=torch.bool, device=dev), diagonal=1)  # [i, j]: i < j
+        repeat = ((rand.unsqueeze(-1) == rand.unsqueeze(-2)) & earlier.t()).any(-1)
+        ok_rand = ~in_window & (rand >= g) & ~repeat & (rand < rb)
+        valid = torch.cat([ok_window, ok_glob, ok_rand], dim=-1)
+        return idx.clamp(0, nb - 1), valid
+
+    def forward(self, q, k, v, lengths):
+        B, H, N, d = q.shape
+        o = self.opts
+        check_max_positions(N, o.max_positions, "bigbird")
+        bs = o.block_size
+        nb = -(-N // bs)
+        L = nb * bs
+        pad = lambda t: torch.nn.functional.pad(t, (0, 0, 0, L - N))  # noqa: E731
+        qb = pad(q).view(B, H, nb, bs, d)
+        idx, valid = self.block_table(lengths, nb)  # (B, H, nb, K)
+        K = idx.size(-1)
+        flat = idx.reshape(B, H, nb * K, 1).expand(B, H, nb * K, bs * d)
+        kg = pad(k).reshape(B, H, nb, bs * d).gather(2, flat).view(B, H, nb, K * bs, d)
+        vg = pad(v).reshape(B, H, nb, bs * d).gather(2, flat).view(B, H, nb, K * bs, d)
+        kpos = (idx.unsqueeze(-1) * bs + torch.arange(bs, device=q.device)).view(B, H, nb, K * bs)
+        allowed = valid.repeat_interleave(bs, dim=-1) & (kpos < lengths.view(B, 1, 1, 1))
+        scores = torch.matmul(qb, kg.transpose(-1, -2)) / d ** 0.5  # (B, H, nb, bs, K*bs)
+        probs, _ = masked_softmax(scores, allowed.unsqueeze(3), self.dropout, self.training)
+        out = torch.matmul(probs, vg).reshape(B, H, L, d)[:, :, :N]
+        g = min(o.bigbird_global_blocks * bs, N)
+        if g > 0:  # global queries see every real key
+            glob, _ = dense_partial(q[:, :, :g], k, v, valid_keys(lengths, N)[:, None, None, :],
+                                    self.dropout, self.training)
+            out = torch.cat([glob, out[:, :, g:]], dim=2)
+        return out
+
+    def pattern(self, lengths, n):
+        """Dense (B, H, n, n) bool of which query sees which key (tests and pictures only)."""
+        bs = self.opts.block_size
+        nb = -(-n // bs)
+        idx, valid = self.block_table(lengths, nb)
+        B, H = idx.shape[:2]
+        blocks = torch.zeros(B, H, nb, nb, dtype=torch.bool, device=lengths.device)
+        for j in range(idx.size(-1)):
+            blocks |= torch.nn.functional.one_hot(idx[..., j], nb).bool() & valid[..., j:j + 1]
+        gb = self.opts.bigbird_global_blocks
+        blocks[:, :, :gb, :] = True
+        blocks[:, :, :, :gb] = True
+        see = blocks.repeat_interleave(bs, 2).repeat_interleave(bs, 3)[:, :, :n, :n]
+        i = torch.arange(n, device=lengths.device)
+        real = i[None, :] < lengths[:, None]
+        return see & real[:, None, None, :] & real[:, None, :, None]
