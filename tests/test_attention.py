@@ -262,7 +262,7 @@ def test_only_quadratic_variants_build_n_by_n_tensors(name):
     """Record every tensor created in forward+backward: sub-quadratic variants stay far below N^2."""
     N = 1024
     opts = AttentionOptions(attention_window=16, attention_stride=64, global_tokens=4, linformer_k=32,
-                            block_size=16, bigbird_global_blocks=1, lsh_bucket_size=16, lsh_rounds=2,
+                            block_size=16, bigbird_global_blocks=1, lsh_bucket_size=16, lsh_rounds=2, routing_clusters=32,
                             compress_kernel=16, performer_features=32, max_positions=N)
     mod = build_attention(name, 1, 8, opts)
     q, k, v = [torch.randn(1, 1, N, 8, requires_grad=True) for _ in range(3)]
@@ -348,3 +348,72 @@ def test_lsh_buckets_follow_angles():
     assert torch.equal(b1, lsh_buckets(3.0 * x, rot, nb)), "angular: scale does not matter"
     assert (b1 != lsh_buckets(-x, rot, nb)).all(), "opposite vectors never share a bucket"
     assert b1.min() >= 0 and b1.max() < 8
+
+
+def test_routing_matches_dense_reference_built_from_its_clusters():
+    q, k, v = qkv()
+    opts = AttentionOptions(routing_clusters=4, max_positions=20 * 1 + 4)  # window ceil(24/4) = 6
+    mod = build("routing", opts)
+    out = mod(q, k, v, LENGTHS)
+    order_q, order_k, _ = mod.orders(q, k, LENGTHS)
+    N, w = 23, mod.window
+
+    def chunk_of(order):
+        rank = torch.empty_like(order).scatter_(-1, order, torch.arange(N).expand_as(order).contiguous())
+        return rank // w
+
+    real = (torch.arange(N)[None, :] < LENGTHS[:, None])[:, None, None, :]
+    see = (chunk_of(order_q)[..., :, None] == chunk_of(order_k)[..., None, :]) & real
+    assert_real_close(out, reference(q, k, v, see), LENGTHS)
+
+
+def test_routing_clusters_group_similar_vectors_and_centroids_move_in_training():
+    q, k, v = qkv()
+    mod = build("routing", AttentionOptions(routing_clusters=4, max_positions=24, routing_decay=0.5))
+    before = mod.centroids.clone()
+    mod(q, k, v, LENGTHS)
+    assert torch.equal(mod.centroids, before), "eval never moves the centroids"
+    mod.train()
+    mod(q, k, v, LENGTHS)
+    assert not torch.equal(mod.centroids, before)
+    torch.testing.assert_close(mod.centroids.norm(dim=-1), torch.ones(2, 4, dtype=torch.float64))
+    # nearest centroid: a centroid itself is assigned to itself
+    assert torch.equal(mod.assign(mod.centroids[None]), torch.arange(4).expand(1, 2, 4))
+
+
+def test_sinkhorn_permutation_is_doubly_stochastic_within_real_blocks():
+    q, k, v = qkv()
+    mod = build("sinkhorn", AttentionOptions(block_size=4, sinkhorn_iters=200, max_positions=64))
+    P = mod.permutation(k, LENGTHS)  # nb = 6
+    for b, n in enumerate(LENGTHS.tolist()):
+        r = -(-n // 4)
+        real = P[b, :, :r, :r]
+        torch.testing.assert_close(real.sum(-1), torch.ones(2, r, dtype=P.dtype), atol=1e-4, rtol=0)
+        torch.testing.assert_close(real.sum(-2), torch.ones(2, r, dtype=P.dtype), atol=1e-4, rtol=0)
+        assert (P[b, :, :r, r:] == 0).all() and (P[b, :, r:, :r] == 0).all()
+
+
+def test_sinkhorn_matches_slow_per_block_reference():
+    q, k, v = qkv()
+    bs = 4
+    mod = build("sinkhorn", AttentionOptions(block_size=bs, max_positions=64))
+    out = mod(q, k, v, LENGTHS)
+    P = mod.permutation(k, LENGTHS)
+    for b, n in enumerate(LENGTHS.tolist()):
+        for h in range(2):
+            blocks_k = [k[b, h, j * bs:min((j + 1) * bs, n)] for j in range(-(-n // bs))]
+            blocks_v = [v[b, h, j * bs:min((j + 1) * bs, n)] for j in range(-(-n // bs))]
+            for i in range(len(blocks_k)):
+                sk = sum(P[b, h, i, j] * torch.nn.functional.pad(blocks_k[j], (0, 0, 0, bs - len(blocks_k[j])))
+                         for j in range(len(blocks_k)))
+                sv = sum(P[b, h, i, j] * torch.nn.functional.pad(blocks_v[j], (0, 0, 0, bs - len(blocks_v[j])))
+                         for j in range(len(blocks_k)))
+                mass = sum(P[b, h, i, j] * (torch.arange(bs) < len(blocks_k[j])).double()
+                           for j in range(len(blocks_k)))
+                for t in range(len(blocks_k[i])):
+                    qi = q[b, h, i * bs + t]
+                    s_own = blocks_k[i] @ qi / math.sqrt(8)
+                    s_sorted = sk @ qi / math.sqrt(8) + mass.log()
+                    p = torch.softmax(torch.cat([s_own, s_sorted]), 0)
+                    expected = p[:len(s_own)] @ blocks_v[i] + p[len(s_own):] @ sv
+                    torch.testing.assert_close(out[b, h, i * bs + t], expected)

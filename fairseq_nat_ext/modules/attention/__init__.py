@@ -10,5 +10,5 @@ from .registry import (  # noqa: F401
     parse_mix,
     register_attention,
 )
-from . import full, local, strided, global_tokens, bigbird, lsh, linformer, compressed, linear, synthesizer  # noqa: F401,E402
+from . import full, local, strided, global_tokens, bigbird, lsh, routing, sinkhorn, linformer, compressed, linear, synthesizer  # noqa: F401,E402
 from .mix import EfficientSelfAttention  # noqa: F401,E402
