@@ -16,6 +16,8 @@ from fairseq.models.nat import FairseqNATDecoder, FairseqNATModel
 from fairseq.models.transformer import base_architecture as transformer_base_architecture
 
 from ...tasks.nat_translation import MASK_SYMBOL
+from ...modules.attention import add_attention_args
+from ...modules.efficient_encoder import EfficientNATEncoder
 
 
 def mean_pool(enc, pad_mask):
@@ -129,6 +131,16 @@ class MaskPredictModel(FairseqNATModel):
                             help="predict target length minus source length instead of the length")
         parser.add_argument("--sg-length-pred", action="store_true",
                             help="stop gradients from the length loss into the encoder")
+        add_attention_args(parser)
+
+    @classmethod
+    def build_encoder(cls, args, src_dict, embed_tokens):
+        encoder = EfficientNATEncoder(args, src_dict, embed_tokens)
+        if getattr(args, "apply_bert_init", False):
+            from fairseq.modules.transformer_sentence_encoder import init_bert_params
+
+            encoder.apply(init_bert_params)
+        return encoder
 
     @classmethod
     def build_decoder(cls, args, tgt_dict, embed_tokens):
