@@ -1,1 +1,2 @@
 from . import mask_predict_loss  # noqa: F401
+from . import classification_cross_entropy  # noqa: F401

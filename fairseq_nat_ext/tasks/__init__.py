@@ -1,1 +1,2 @@
 from . import nat_translation  # noqa: F401
+from . import listops  # noqa: F401
