@@ -39,6 +39,8 @@
 #   OUT               default benchmarks/results/mask_predict.json (relative to the repo root)
 #   README            default README.md (relative to the repo root)
 #   CUDA=1            decode on CUDA when available (default: CPU)
+#   SYSTEMS           which rows to (re)measure, default "teacher mp cmlm reference"; other rows of
+#                     $OUT are kept (e.g. measure the teacher and ours while the CMLM still trains)
 #   PYTHON            default: the repo's .venv/bin/python when present, else python
 # The run takes a while on CPU (the teacher's beam search dominates); latencies are only meaningful
 # on an otherwise idle machine (the harness warns when the load average says it is not).
@@ -70,13 +72,15 @@ LATENCY_SENTENCES="${LATENCY_SENTENCES:-200}"
 OUT="${OUT:-benchmarks/results/mask_predict.json}"
 README="${README:-README.md}"
 CUDA="${CUDA:-0}"
+SYSTEMS="${SYSTEMS:-teacher mp cmlm reference}"
+want() { [[ " $SYSTEMS " == *" $1 "* ]]; }
 
 die() { echo "error: $*" >&2; exit 1; }
 [[ -d "$DATA_BIN" ]] || die "DATA_BIN $DATA_BIN: no such directory"
 [[ -f "$RAW_REF" ]] || die "RAW_REF $RAW_REF: no such file"
-for ckpt in "$TEACHER_CKPT" "$MP_CKPT" "$CMLM_CKPT"; do
-    [[ -f "$ckpt" ]] || die "checkpoint $ckpt not found (set TEACHER_CKPT / MP_CKPT / CMLM_CKPT)"
-done
+want teacher && { [[ -f "$TEACHER_CKPT" ]] || die "checkpoint $TEACHER_CKPT not found (set TEACHER_CKPT)"; }
+want mp && { [[ -f "$MP_CKPT" ]] || die "checkpoint $MP_CKPT not found (set MP_CKPT)"; }
+want cmlm && { [[ -f "$CMLM_CKPT" ]] || die "checkpoint $CMLM_CKPT not found (set CMLM_CKPT)"; }
 
 # The command recorded in the results: this script with every setting spelled out.
 COMMAND="DATA_BIN=$DATA_BIN RAW_REF=$RAW_REF TEACHER_CKPT=$TEACHER_CKPT TEACHER_WALL_S=$TEACHER_WALL_S"
@@ -105,16 +109,16 @@ train_stats() {
 bench() { echo "[mask_predict.sh] $*" >&2; "$PYTHON" -m fairseq_nat_ext.benchmark.run "$@"; }
 
 # shellcheck disable=SC2046  # word splitting of train_stats is intended (no spaces in paths)
-bench "${COMMON[@]}" --system-ckpt "$TEACHER_CKPT" --no-distilled \
+want teacher && bench "${COMMON[@]}" --system-ckpt "$TEACHER_CKPT" --no-distilled \
     --decoding beam=1 --decoding beam=5 $(train_stats "$TEACHER_UPDATES" "$TEACHER_WALL_S" "")
 # shellcheck disable=SC2046
-bench "${COMMON[@]}" --system-ckpt "$MP_CKPT" --distilled \
+want mp && bench "${COMMON[@]}" --system-ckpt "$MP_CKPT" --distilled \
     --decoding iter=4,len_beam=3 --decoding iter=10,len_beam=3 \
     $(train_stats "$MP_UPDATES" "$MP_WALL_S" "$MP_TRAIN_LOG")
 # shellcheck disable=SC2046
-bench "${COMMON[@]}" --system-ckpt "$CMLM_CKPT" --distilled \
+want cmlm && bench "${COMMON[@]}" --system-ckpt "$CMLM_CKPT" --distilled \
     --decoding iter=10,len_beam=3 $(train_stats "$CMLM_UPDATES" "$CMLM_WALL_S" "$CMLM_TRAIN_LOG")
-bench "${COMMON[@]}" --reference-row
+want reference && bench "${COMMON[@]}" --reference-row
 
 "$PYTHON" -m fairseq_nat_ext.benchmark.tables "$(dirname "$OUT")"/*.json
 if [[ -f "$README" ]]; then
