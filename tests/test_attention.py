@@ -417,3 +417,36 @@ def test_sinkhorn_matches_slow_per_block_reference():
                     p = torch.softmax(torch.cat([s_own, s_sorted]), 0)
                     expected = p[:len(s_own)] @ blocks_v[i] + p[len(s_own):] @ sv
                     torch.testing.assert_close(out[b, h, i * bs + t], expected)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_half_precision_runs_and_stays_close_to_fp32(name):
+    """bf16 on CPU (fp16/bf16 on CUDA take the same code path: scores are softmaxed in fp32)."""
+    layer = make_layer(name).float()
+    x = torch.randn(12, 2, 16)
+    pad = torch.zeros(2, 12, dtype=torch.bool)
+    pad[0, :5] = True
+    ref, _ = layer(x, x, x, key_padding_mask=pad)
+    half = make_layer(name).to(torch.bfloat16)
+    half.load_state_dict({k: v.to(torch.bfloat16) if v.is_floating_point() else v
+                          for k, v in layer.state_dict().items()})
+    out, _ = half(x.to(torch.bfloat16), None, None, key_padding_mask=pad)
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out.float()).all()
+    torch.testing.assert_close(out.float(), ref, atol=0.1, rtol=0.1)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_cuda_matches_cpu(name, dtype):
+    layer = make_layer(name).float()
+    x = torch.randn(12, 2, 16)
+    pad = torch.zeros(2, 12, dtype=torch.bool)
+    pad[0, :5] = True
+    ref, _ = layer(x, x, x, key_padding_mask=pad)
+    gpu = make_layer(name).float()
+    gpu.load_state_dict(layer.state_dict())
+    gpu = gpu.to("cuda", dtype)
+    out, _ = gpu(x.to("cuda", dtype), None, None, key_padding_mask=pad.cuda())
+    tol = 1e-4 if dtype == torch.float32 else 0.1
+    torch.testing.assert_close(out.float().cpu(), ref, atol=tol, rtol=tol)
