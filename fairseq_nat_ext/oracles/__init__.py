@@ -1,0 +1,1 @@
+from .levenshtein import EditOracle, edit_distance_table, levenshtein_oracle  # noqa: F401
