@@ -1,1 +1,2 @@
 from .levenshtein import EditOracle, edit_distance_table, levenshtein_oracle  # noqa: F401
+from .insertion import InsertionOracle, insertion_oracle  # noqa: F401
