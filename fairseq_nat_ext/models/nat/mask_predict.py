@@ -108,6 +108,15 @@ class MaskPredictDecoder(FairseqNATDecoder):
         return F.log_softmax(out, -1) if normalize else out
 
 
+def _bert_init(args, module):
+    """fairseq's --apply-bert-init (normal(0, 0.02) for linear layers and embeddings)."""
+    if getattr(args, "apply_bert_init", False):
+        from fairseq.modules.transformer_sentence_encoder import init_bert_params
+
+        module.apply(init_bert_params)
+    return module
+
+
 @register_model("mask_predict")
 class MaskPredictModel(FairseqNATModel):
     @property
@@ -135,21 +144,11 @@ class MaskPredictModel(FairseqNATModel):
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
-        encoder = EfficientNATEncoder(args, src_dict, embed_tokens)
-        if getattr(args, "apply_bert_init", False):
-            from fairseq.modules.transformer_sentence_encoder import init_bert_params
-
-            encoder.apply(init_bert_params)
-        return encoder
+        return _bert_init(args, EfficientNATEncoder(args, src_dict, embed_tokens))
 
     @classmethod
     def build_decoder(cls, args, tgt_dict, embed_tokens):
-        decoder = MaskPredictDecoder(args, tgt_dict, embed_tokens)
-        if getattr(args, "apply_bert_init", False):
-            from fairseq.modules.transformer_sentence_encoder import init_bert_params
-
-            decoder.apply(init_bert_params)
-        return decoder
+        return _bert_init(args, MaskPredictDecoder(args, tgt_dict, embed_tokens))
 
     @property
     def mask_idx(self):
