@@ -1,1 +1,2 @@
 from . import mask_predict  # noqa: F401
+from . import levenshtein  # noqa: F401
