@@ -142,3 +142,27 @@ def _spread(scores, old, new, mask, pad):
     kept = new.ne(mask) & new.ne(pad)
     out[kept] = scores[old.ne(pad)]
     return out
+
+
+class InsertionGenerator(EditGenerator):
+    """Insertion Transformer decoding: every slot whose argmax is not end-of-slot (``</s>``) gets its
+    argmax token, all slots in parallel, until no slot inserts (``--iter-decode-max-iter`` rounds at
+    most).  ``--iter-decode-eos-penalty`` is subtracted from the end-of-slot log-probability."""
+
+    def _round(self, model, tokens, scores, enc, history):
+        lp = model.decoder.forward_slots(tokens, enc, normalize=True).float()  # (N, S, V)
+        lp[..., [self.pad, self.bos, self.mask, self.unk]] = float("-inf")
+        lp[..., self.eos] -= self.penalty
+        best_lp, best = lp.max(-1)
+        slot_ok = torch.arange(lp.size(1), device=lp.device).unsqueeze(0) < (tokens.ne(self.pad).sum(1) - 1).unsqueeze(1)
+        ins = (best != self.eos) & slot_ok
+        if ins.any():
+            grown = insert_placeholders(tokens, ins.long(), self.pad, self.mask, max_len=self.max_len)
+            placed = grown.eq(self.mask)
+            scores = _spread(scores, tokens, grown, self.mask, self.pad)
+            # slots cut by max_len insert nothing: keep the first predictions of each row in order
+            take = ins & (torch.cumsum(ins.long(), 1) <= placed.sum(1, keepdim=True))
+            tokens = fill_placeholders(grown, best[take], self.mask)
+            scores[placed] = best_lp[take].to(scores.dtype)
+            self._log(history, "insert", tokens)
+        return tokens, scores
