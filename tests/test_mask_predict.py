@@ -139,12 +139,13 @@ def _slow_mask_predict(model, src, T, l, adaptive):
     return cands[best][1], cands[best][0], max(c[2] for c in cands)
 
 
+@pytest.mark.parametrize("bucket_ratio", [0.0, 1.5, 1e9])  # every row alone / grouped / one batch
 @pytest.mark.parametrize("adaptive", [False, True])
 @pytest.mark.parametrize("T,l", [(1, 1), (4, 3), (10, 2)])
-def test_generator_matches_slow_reference(tiny, T, l, adaptive):
+def test_generator_matches_slow_reference(tiny, T, l, adaptive, bucket_ratio):
     task, model = tiny
     gen = MaskPredictGenerator([model], task.target_dictionary, max_iter=T, length_beam=l,
-                               adaptive=adaptive)
+                               adaptive=adaptive, bucket_ratio=bucket_ratio)
     torch.manual_seed(5)
     srcs = [torch.randint(4, 20, (n,)) for n in (3, 7, 5, 9)]
     srcs = [torch.cat([s, torch.tensor([model.eos])]) for s in srcs]

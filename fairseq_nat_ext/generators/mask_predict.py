@@ -9,6 +9,10 @@
    tokens did not change in an iteration, or whose ``n_t`` is 0, is finished and leaves the batch.
 4. The candidate with the best average log-probability is returned.
 
+Rows are processed in groups of similar length (``bucket_ratio``): a batch holds B * l candidates
+whose lengths can differ a lot (an implausible 3rd length candidate of one sentence would otherwise
+pad every row to its length); grouping changes no result, only the work.
+
 Ensembles (``--path a.pt:b.pt``) average the models' probabilities (log-mean-exp of log-probs) for
 tokens and lengths.  The hypotheses carry what ``fairseq-generate`` reads: tokens (ending in </s>),
 score, positional_scores, alignment=None, steps (decoder passes), and history with
@@ -35,13 +39,14 @@ def lowest_prob_mask(probs, lengths, n):
 
 class MaskPredictGenerator:
     def __init__(self, models, tgt_dict, max_iter=10, length_beam=1, adaptive=True,
-                 retain_history=False):
+                 retain_history=False, bucket_ratio=1.5):
         self.models = models
         self.tgt_dict = tgt_dict
         self.max_iter = max(1, int(max_iter))
         self.length_beam = max(1, int(length_beam))
         self.adaptive = adaptive
         self.retain_history = retain_history
+        self.bucket_ratio = bucket_ratio
         self.pad, self.eos, self.bos, self.unk = (
             tgt_dict.pad(), tgt_dict.eos(), tgt_dict.bos(), tgt_dict.unk()
         )
@@ -111,37 +116,12 @@ class MaskPredictGenerator:
         active = torch.arange(N, device=src_tokens.device)
         history = [[] for _ in range(N)] if self.retain_history else None
 
+        ctx = (tokens, probs, lengths, valid, steps, enc_outs, history)
         for t in range(T):
             if active.numel() == 0:
                 break
-            tok_a, prob_a, len_a = tokens[active], probs[active], lengths[active]
-            if t == 0:
-                masked = valid[active]
-            else:
-                masked = lowest_prob_mask(prob_a, len_a, remask_counts(len_a, t, T))
-            has_work = masked.any(1)
-            if self.adaptive and not bool(has_work.all()):
-                keep = has_work.nonzero().squeeze(1)
-                active, tok_a, prob_a, masked = active[keep], tok_a[keep], prob_a[keep], masked[keep]
-                if active.numel() == 0:
-                    break
-            inp = tok_a.masked_fill(masked, self.mask)
-            enc_a = [m.encoder.reorder_encoder_out(e, active) for m, e in zip(models, enc_outs)]
-            new_tok, new_lp = self._predict(inp, enc_a, masked)
-            out_tok = tok_a.masked_scatter(masked, new_tok)
-            out_lp = prob_a.masked_scatter(masked, new_lp)
-            changed = (out_tok != tok_a).any(1) | (t == 0)
-            tokens[active], probs[active] = out_tok, out_lp
-            steps[active] += 1
-            if history is not None:
-                for r, row in enumerate(active.tolist()):
-                    n = int(lengths[row])
-                    history[row].append(
-                        {"input": self._with_eos(inp[r, :n]), "tokens": self._with_eos(out_tok[r, :n]),
-                         "masked": masked[r, :n].clone(), "positional_scores": out_lp[r, :n].clone()}
-                    )
-            if self.adaptive:
-                active = active[changed]
+            # rows of similar length run together: one absurd length candidate must not pad the batch
+            active = torch.cat([self._iterate(t, rows, ctx) for rows in self._length_groups(active, lengths)])
 
         # --- pick the best length candidate per sentence -------------------------------------
         avg = (probs * valid).sum(1) / lengths.float()
@@ -162,6 +142,54 @@ class MaskPredictGenerator:
                 hyp["history"] = history[row]
             finalized.append([hyp])
         return finalized
+
+    def _length_groups(self, rows, lengths):
+        """Split ``rows`` into groups of similar length (sorted; a group's longest row is at most
+        ``bucket_ratio`` times its shortest, plus 4), so padding never dominates the work."""
+        if rows.numel() == 0:
+            return []
+        lens, order = lengths[rows].sort(stable=True)
+        rows = rows[order]
+        bounds, start, lo = [], 0, int(lens[0])
+        for i, n in enumerate(lens.tolist()):
+            if i > start and n > self.bucket_ratio * lo + 4:
+                bounds.append((start, i))
+                start, lo = i, n
+        bounds.append((start, rows.numel()))
+        return [rows[a:b] for a, b in bounds]
+
+    def _iterate(self, t, rows, ctx):
+        """Iteration t on ``rows``; updates the shared state, returns the rows still active."""
+        tokens, probs, lengths, valid, steps, enc_outs, history = ctx
+        T, models = self.max_iter, self.models
+        L = int(lengths[rows].max())
+        tok_a, prob_a, len_a = tokens[rows, :L], probs[rows, :L], lengths[rows]
+        if t == 0:
+            masked = valid[rows, :L]
+        else:
+            masked = lowest_prob_mask(prob_a, len_a, remask_counts(len_a, t, T))
+        has_work = masked.any(1)
+        if self.adaptive and not bool(has_work.all()):
+            keep = has_work.nonzero().squeeze(1)
+            rows, tok_a, prob_a, masked = rows[keep], tok_a[keep], prob_a[keep], masked[keep]
+            if rows.numel() == 0:
+                return rows
+        inp = tok_a.masked_fill(masked, self.mask)
+        enc_a = [m.encoder.reorder_encoder_out(e, rows) for m, e in zip(models, enc_outs)]
+        new_tok, new_lp = self._predict(inp, enc_a, masked)
+        out_tok = tok_a.masked_scatter(masked, new_tok)
+        out_lp = prob_a.masked_scatter(masked, new_lp)
+        changed = (out_tok != tok_a).any(1) | (t == 0)
+        tokens[rows, :L], probs[rows, :L] = out_tok, out_lp
+        steps[rows] += 1
+        if history is not None:
+            for r, row in enumerate(rows.tolist()):
+                n = int(lengths[row])
+                history[row].append(
+                    {"input": self._with_eos(inp[r, :n]), "tokens": self._with_eos(out_tok[r, :n]),
+                     "masked": masked[r, :n].clone(), "positional_scores": out_lp[r, :n].clone()}
+                )
+        return rows[changed] if self.adaptive else rows
 
     def _with_eos(self, toks):
         return torch.cat([toks, toks.new_full((1,), self.eos)])

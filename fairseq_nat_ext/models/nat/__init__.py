@@ -1,1 +1,3 @@
 from . import mask_predict  # noqa: F401
+from . import levenshtein  # noqa: F401
+from . import insertion  # noqa: F401

@@ -1,0 +1,45 @@
+# Shared body of the NAT training recipes (sourced, not run).  The caller sets:
+#   SCRIPT_DIR, DATA_BIN, SAVE_DIR, SYS (array: task/arch/criterion flags), EXTRA (array: its "$@"),
+#   and may set NAT_EXTRA (array: method-specific flags such as --length-loss-factor).
+# Environment overrides (the same for every NAT recipe, so systems differ only in SYS):
+#   LAYERS=3 DIM=256 FFN=4*DIM HEADS=4 DROPOUT=0.3 LABEL_SMOOTHING=0.1 LR=1e-3 WARMUP=400
+#   MAX_TOKENS=4096 MAX_UPDATE=3000 SEED=1 THREADS=2 SAVE_INTERVAL_UPDATES=200 AVG=5
+#   INIT_FROM=AT.pt: start from an autoregressive Transformer's weights (fairseq_nat_ext.init_from_at)
+# Training resumes from SAVE_DIR/checkpoint_last.pt (fairseq's default); log: SAVE_DIR/train.log; the
+# averaged checkpoint (or checkpoint_last.pt with AVG=0) is printed on the last line.
+USER_DIR="$(cd "$SCRIPT_DIR/.." && pwd)/fairseq_nat_ext"
+[[ -d "$DATA_BIN" ]] || { echo "error: DATA_BIN $DATA_BIN is not a directory" >&2; exit 1; }
+LAYERS="${LAYERS:-3}"; DIM="${DIM:-256}"; FFN="${FFN:-$((4 * DIM))}"; HEADS="${HEADS:-4}"
+DROPOUT="${DROPOUT:-0.3}"; LABEL_SMOOTHING="${LABEL_SMOOTHING:-0.1}"
+LR="${LR:-1e-3}"; WARMUP="${WARMUP:-400}"; MAX_TOKENS="${MAX_TOKENS:-4096}"
+MAX_UPDATE="${MAX_UPDATE:-3000}"; SEED="${SEED:-1}"; THREADS="${THREADS:-2}"
+SAVE_INTERVAL_UPDATES="${SAVE_INTERVAL_UPDATES:-200}"; AVG="${AVG:-5}"
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$THREADS}"
+mkdir -p "$SAVE_DIR"
+ARGS=("$DATA_BIN" --user-dir "$USER_DIR" "${SYS[@]}" ${NAT_EXTRA[@]+"${NAT_EXTRA[@]}"} \
+  --share-all-embeddings --apply-bert-init \
+  --encoder-layers "$LAYERS" --decoder-layers "$LAYERS" --encoder-embed-dim "$DIM" --decoder-embed-dim "$DIM" \
+  --encoder-ffn-embed-dim "$FFN" --decoder-ffn-embed-dim "$FFN" \
+  --encoder-attention-heads "$HEADS" --decoder-attention-heads "$HEADS" --dropout "$DROPOUT" \
+  --label-smoothing "$LABEL_SMOOTHING" --optimizer adam --adam-betas '(0.9,0.98)' --lr "$LR" \
+  --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" --weight-decay 0.01 --clip-norm 5.0 \
+  --max-tokens "$MAX_TOKENS" --max-update "$MAX_UPDATE" --seed "$SEED" --num-workers 0 \
+  --save-dir "$SAVE_DIR" --save-interval-updates "$SAVE_INTERVAL_UPDATES" --keep-interval-updates "$((AVG > 2 ? AVG : 2))" \
+  --keep-last-epochs "$((AVG > 2 ? AVG : 2))" --log-format simple --log-interval 20 ${EXTRA[@]+"${EXTRA[@]}"})
+if [[ -n "${INIT_FROM:-}" ]]; then
+  # Same start for every system: copy the AT model's weights into the freshly built NAT model.
+  INIT_CKPT="$SAVE_DIR/init_from_at.pt"
+  if [[ ! -f "$SAVE_DIR/checkpoint_last.pt" && ! -f "$INIT_CKPT" ]]; then
+    python -m fairseq_nat_ext.init_from_at --teacher "$INIT_FROM" --out "$INIT_CKPT.tmp" -- "${ARGS[@]}" \
+      2>&1 | tee -a "$SAVE_DIR/train.log"
+    mv "$INIT_CKPT.tmp" "$INIT_CKPT"
+  fi
+  ARGS+=(--finetune-from-model "$INIT_CKPT")
+fi
+fairseq-train "${ARGS[@]}" 2>&1 | tee -a "$SAVE_DIR/train.log"
+if [[ "$AVG" -gt 0 ]]; then
+  "$SCRIPT_DIR/average_checkpoints.sh" "$SAVE_DIR" "$AVG" "$SAVE_DIR/checkpoint_avg.pt" >&2
+  echo "$SAVE_DIR/checkpoint_avg.pt"
+else
+  echo "$SAVE_DIR/checkpoint_last.pt"
+fi

@@ -1,0 +1,168 @@
+"""Decoding of edit-based models (Levenshtein Transformer), batched on tensors.
+
+Start from ``<s> </s>`` and repeat, for at most ``--iter-decode-max-iter`` rounds:
+1. delete: drop every token the deletion classifier marks (never ``<s>``/``</s>``);
+2. insert placeholders: between every pair of neighbours, the argmax placeholder count after
+   subtracting ``--iter-decode-eos-penalty`` from the log-probability of "0" (fairseq's placeholder
+   penalty: > 0 makes outputs longer); rows never exceed the decoder's max positions;
+3. fill: every placeholder gets its argmax token.
+A row stops when a round changes nothing (adaptive; ``--iter-decode-force-max-iter`` runs every
+round).  Hypotheses carry tokens (without ``<s>``, ending in ``</s>``), score (mean token log-prob of
+the last prediction of every token), positional_scores, alignment=None, steps (rounds run) and,
+with ``--retain-iter-history``, one entry per operation: {"op": "delete"|"insert"|"fill", "tokens"}.
+"""
+
+import torch
+
+from ..models.nat.edit_ops import delete_tokens, fill_placeholders, insert_placeholders, trim
+
+
+class EditGenerator:
+    def __init__(self, models, tgt_dict, max_iter=10, placeholder_penalty=0.0, adaptive=True,
+                 retain_history=False):
+        if len(models) != 1:
+            raise ValueError("levenshtein decoding does not support ensembles: pass one checkpoint to --path")
+        self.models = models
+        self.tgt_dict = tgt_dict
+        self.max_iter = max(1, int(max_iter))
+        self.penalty = float(placeholder_penalty)
+        self.adaptive = adaptive
+        self.retain_history = retain_history
+        self.pad, self.bos, self.eos, self.unk = tgt_dict.pad(), tgt_dict.bos(), tgt_dict.eos(), tgt_dict.unk()
+        self.mask = models[0].mask_idx
+        self.symbols_to_strip_from_output = {self.bos, self.eos}
+        self.max_len = models[0].decoder.max_positions()
+
+    @classmethod
+    def from_generation_args(cls, models, tgt_dict, args):
+        return cls(models, tgt_dict, max_iter=getattr(args, "iter_decode_max_iter", 10),
+                   placeholder_penalty=getattr(args, "iter_decode_eos_penalty", 0.0),
+                   adaptive=not getattr(args, "iter_decode_force_max_iter", False),
+                   retain_history=getattr(args, "retain_iter_history", False))
+
+    def _round(self, model, tokens, scores, enc, history):
+        """One delete/insert/fill round on rows ``tokens`` (N, T) -> (tokens, scores)."""
+        dec, pad = model.decoder, self.pad
+        if tokens.size(1) > 2:
+            dele = dec.forward_word_del(tokens, enc).argmax(-1).bool()
+            content = tokens.ne(pad) & tokens.ne(self.bos) & tokens.ne(self.eos)
+            dele &= content
+            if dele.any():
+                keep_scores = scores.masked_fill(dele, float("nan"))
+                tokens = delete_tokens(tokens, dele, pad, self.bos, self.eos)
+                scores = _close_up(keep_scores, tokens.size(1))
+            self._log(history, "delete", tokens)
+        lp = dec.forward_mask_ins(tokens, enc, normalize=True)
+        lp[..., 0] -= self.penalty
+        counts = lp.argmax(-1)
+        if counts.any():
+            grown = insert_placeholders(tokens, counts, pad, self.mask, max_len=self.max_len)
+            scores = _spread(scores, tokens, grown, self.mask, pad)
+            tokens = grown
+            self._log(history, "insert", tokens)
+            holes = tokens.eq(self.mask)
+            if holes.any():
+                wlp = dec.forward_word_ins(tokens, enc, normalize=True, select=holes).float()
+                wlp[:, [self.pad, self.bos, self.eos, self.mask, self.unk]] = float("-inf")
+                best_lp, best = wlp.max(-1)
+                tokens = fill_placeholders(tokens, best, self.mask)
+                scores = scores.clone()
+                scores[holes] = best_lp.to(scores.dtype)
+                self._log(history, "fill", tokens)
+        return tokens, scores
+
+    def _log(self, history, op, tokens):
+        if history is not None:
+            for row, toks in zip(history, tokens):
+                row.append({"op": op, "tokens": toks[toks.ne(self.pad)].clone()})
+
+    @torch.no_grad()
+    def generate(self, models, sample, prefix_tokens=None, constraints=None, **unused):
+        if constraints is not None or prefix_tokens is not None:
+            raise NotImplementedError("levenshtein decoding: prefixes and constraints are not supported")
+        model = (models or self.models)[0]
+        model.eval()
+        net = sample["net_input"]
+        src_tokens, src_lengths = net["src_tokens"], net["src_lengths"]
+        B, dev = src_tokens.size(0), src_tokens.device
+        enc = model.encoder(src_tokens, src_lengths=src_lengths)
+        tokens = src_tokens.new_tensor([self.bos, self.eos]).repeat(B, 1)
+        scores = torch.zeros(B, 2, device=dev)
+        steps = torch.zeros(B, dtype=torch.long, device=dev)
+        history = [[] for _ in range(B)] if self.retain_history else None
+        final_tok, final_sc = [None] * B, [None] * B
+        active = torch.arange(B, device=dev)
+        for _ in range(self.max_iter):
+            if active.numel() == 0:
+                break
+            e = model.encoder.reorder_encoder_out(enc, active)
+            hist = [history[i] for i in active.tolist()] if history is not None else None
+            new_tok, new_sc = self._round(model, tokens, scores, e, hist)
+            steps[active] += 1
+            w = max(new_tok.size(1), tokens.size(1))
+            same = (_pad_to(new_tok, w, self.pad) == _pad_to(tokens, w, self.pad)).all(1)
+            done = same if self.adaptive else torch.zeros_like(same)
+            for j in done.nonzero().flatten().tolist():
+                final_tok[int(active[j])], final_sc[int(active[j])] = new_tok[j], new_sc[j]
+            keep = ~done
+            tokens = trim(new_tok[keep], self.pad)
+            scores, active = new_sc[keep][:, :tokens.size(1)], active[keep]
+        for j, i in enumerate(active.tolist()):
+            final_tok[i], final_sc[i] = tokens[j], scores[j]
+        out = []
+        for i in range(B):
+            t, s = final_tok[i], final_sc[i]
+            real = t.ne(self.pad)
+            t, s = t[real][1:], s[real][1:]  # drop <s>; ends with </s>
+            content = s[:-1]
+            score = content.mean() if content.numel() else s.new_zeros(())
+            hyp = {"tokens": t, "score": score, "positional_scores": s, "alignment": None,
+                   "steps": int(steps[i])}
+            if history is not None:
+                hyp["history"] = [h["tokens"][1:] for h in history[i]]
+                hyp["history_ops"] = [h["op"] for h in history[i]]
+            out.append([hyp])
+        return out
+
+
+def _pad_to(t, w, pad):
+    return torch.nn.functional.pad(t, (0, w - t.size(1)), value=pad)
+
+
+def _close_up(scores_with_nan, width):
+    """Scores of the kept tokens (deleted ones are NaN) moved left, like delete_tokens."""
+    gone = torch.isnan(scores_with_nan)
+    order = torch.sort(gone.to(torch.uint8), dim=1, stable=True).indices
+    return scores_with_nan.gather(1, order).nan_to_num(0.0)[:, :width]
+
+
+def _spread(scores, old, new, mask, pad):
+    """Scores follow their tokens into the grown rows (placeholders get 0 until filled)."""
+    out = scores.new_zeros(new.shape)
+    kept = new.ne(mask) & new.ne(pad)
+    out[kept] = scores[old.ne(pad)]
+    return out
+
+
+class InsertionGenerator(EditGenerator):
+    """Insertion Transformer decoding: every slot whose argmax is not end-of-slot (``</s>``) gets its
+    argmax token, all slots in parallel, until no slot inserts (``--iter-decode-max-iter`` rounds at
+    most).  ``--iter-decode-eos-penalty`` is subtracted from the end-of-slot log-probability."""
+
+    def _round(self, model, tokens, scores, enc, history):
+        lp = model.decoder.forward_slots(tokens, enc, normalize=True).float()  # (N, S, V)
+        lp[..., [self.pad, self.bos, self.mask, self.unk]] = float("-inf")
+        lp[..., self.eos] -= self.penalty
+        best_lp, best = lp.max(-1)
+        slot_ok = torch.arange(lp.size(1), device=lp.device).unsqueeze(0) < (tokens.ne(self.pad).sum(1) - 1).unsqueeze(1)
+        ins = (best != self.eos) & slot_ok
+        if ins.any():
+            grown = insert_placeholders(tokens, ins.long(), self.pad, self.mask, max_len=self.max_len)
+            placed = grown.eq(self.mask)
+            scores = _spread(scores, tokens, grown, self.mask, self.pad)
+            # slots cut by max_len insert nothing: keep the first predictions of each row in order
+            take = ins & (torch.cumsum(ins.long(), 1) <= placed.sum(1, keepdim=True))
+            tokens = fill_placeholders(grown, best[take], self.mask)
+            scores[placed] = best_lp[take].to(scores.dtype)
+            self._log(history, "insert", tokens)
+        return tokens, scores

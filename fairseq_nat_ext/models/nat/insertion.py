@@ -1,0 +1,134 @@
+"""Insertion Transformer (Stern et al. 2019), arch ``insertion`` (+ ``insertion_small``, ``_tiny``).
+
+A non-causal decoder reads the canvas ``<s> ... </s>``; slot k (between tokens k and k+1) is
+represented by a linear map of the concatenated neighbour states, and the output layer gives, per
+slot, a distribution over the vocabulary in which ``</s>`` means "nothing more to insert here"
+(the end-of-slot label).  Training: the canvas is a random subsequence of the target (fairseq's
+random deletion noise); the loss of every slot is the oracle's (``fairseq_nat_ext.oracles.insertion``)
+weighted cross-entropy over its missing span -- balanced binary tree weights with temperature
+``--insertion-tau`` (``--insertion-tau 0`` = uniform) -- or the end-of-slot label when the span is
+empty; slot losses are averaged.  Decoding (``generators/edit.py``) inserts the argmax token in
+every slot whose argmax is not end-of-slot, in parallel, until no slot inserts.
+"""
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.nat import FairseqNATDecoder, FairseqNATModel
+from fairseq.models.transformer import base_architecture as transformer_base_architecture
+
+from ...modules.attention import add_attention_args
+from ...modules.efficient_encoder import EfficientNATEncoder
+from ...oracles.insertion import insertion_oracle
+from ...oracles.levenshtein import levenshtein_oracle
+from ...tasks.nat_translation import MASK_SYMBOL
+from .edit_ops import random_delete
+from .levenshtein import with_bos
+
+
+class InsertionDecoder(FairseqNATDecoder):
+    def __init__(self, args, dictionary, embed_tokens):
+        super().__init__(args, dictionary, embed_tokens, no_encoder_attn=False)
+        d = args.decoder_embed_dim
+        self.mask_idx = dictionary.index(MASK_SYMBOL)
+        self.slot_proj = nn.Linear(2 * d, d)
+
+    def forward_slots(self, tokens, encoder_out, normalize=False):
+        """tokens (B, T) -> (B, T-1, V) per-slot token logits (``</s>`` = end of slot)."""
+        h, _ = self.extract_features(tokens, encoder_out=encoder_out, full_context_alignment=True)
+        slots = self.slot_proj(torch.cat([h[:, :-1], h[:, 1:]], -1))
+        out = self.output_layer(slots)
+        return F.log_softmax(out, -1) if normalize else out
+
+    def forward(self, tokens, encoder_out, **unused):
+        return self.forward_slots(tokens, encoder_out)
+
+
+@register_model("insertion")
+class InsertionModel(FairseqNATModel):
+    @property
+    def generator_class(self):
+        from ...generators.edit import InsertionGenerator
+
+        return InsertionGenerator
+
+    @property
+    def allow_length_beam(self):
+        return False
+
+    @staticmethod
+    def add_args(parser):
+        FairseqNATModel.add_args(parser)
+        parser.add_argument("--insertion-tau", type=float,
+                            help="balanced-binary-tree temperature (0: uniform weights over the span)")
+        add_attention_args(parser)
+
+    @classmethod
+    def build_encoder(cls, args, src_dict, embed_tokens):
+        from .mask_predict import _bert_init
+
+        return _bert_init(args, EfficientNATEncoder(args, src_dict, embed_tokens))
+
+    @classmethod
+    def build_decoder(cls, args, tgt_dict, embed_tokens):
+        from .mask_predict import _bert_init
+
+        return _bert_init(args, InsertionDecoder(args, tgt_dict, embed_tokens))
+
+    @property
+    def mask_idx(self):
+        return self.decoder.mask_idx
+
+    def inject_noise(self, target):
+        return random_delete(with_bos(target, self.bos, self.pad), self.pad, self.bos, self.eos)
+
+    def forward(self, src_tokens, src_lengths, prev_output_tokens, tgt_tokens, **kwargs):
+        pad = self.pad
+        tgt = with_bos(tgt_tokens, self.bos, pad)
+        canvas = prev_output_tokens
+        enc = self.encoder(src_tokens, src_lengths=src_lengths)
+        # which target tokens are on the canvas: the oracle's alignment (a subsequence keeps all)
+        keep = levenshtein_oracle(canvas, tgt, pad, self.mask_idx).keep_tgt
+        tau = self.args.insertion_tau
+        o = insertion_oracle(tgt, keep, pad, tau=tau if tau and tau > 0 else None)
+        lp = self.decoder.forward_slots(canvas, enc, normalize=True).float()  # (B, S, V)
+        S = lp.size(1)
+        # slot s of the oracle is "before kept token s": canvas slot k (after token k) = oracle slot k+1
+        slot = (o.slot - 1).clamp(0, S - 1)
+        per_pos = lp[torch.arange(tgt.size(0), device=tgt.device).unsqueeze(1), slot, tgt]  # (B, m)
+        span_loss = -(o.weight * per_pos).masked_fill(~o.missing, 0.0)  # (B, m)
+        slot_loss = torch.zeros(lp.shape[:2], device=lp.device).scatter_add(1, slot, span_loss)
+        valid = torch.arange(S, device=lp.device).unsqueeze(0) < (canvas.ne(pad).sum(1) - 1).unsqueeze(1)
+        done = o.slot_done[:, 1:S + 1] & valid
+        slot_loss = slot_loss + torch.where(done, -lp[..., self.eos], torch.zeros_like(slot_loss))
+        n = valid.sum().clamp_min(1)
+        loss = slot_loss.masked_fill(~valid, 0.0).sum() / n
+        return {"insertion": {"loss": loss, "nll_loss": loss.detach(), "factor": 1.0}}
+
+
+def _defaults(args, **values):
+    for k, v in values.items():
+        setattr(args, k, getattr(args, k, v))
+
+
+@register_model_architecture("insertion", "insertion")
+def insertion_base(args):
+    _defaults(args, insertion_tau=1.0, share_all_embeddings=True, dropout=0.3, apply_bert_init=True)
+    transformer_base_architecture(args)
+
+
+@register_model_architecture("insertion", "insertion_small")
+def insertion_small(args):
+    _defaults(args, encoder_layers=3, decoder_layers=3, encoder_embed_dim=256, decoder_embed_dim=256,
+              encoder_ffn_embed_dim=1024, decoder_ffn_embed_dim=1024, encoder_attention_heads=4,
+              decoder_attention_heads=4)
+    insertion_base(args)
+
+
+@register_model_architecture("insertion", "insertion_tiny")
+def insertion_tiny(args):
+    _defaults(args, encoder_layers=2, decoder_layers=2, encoder_embed_dim=128, decoder_embed_dim=128,
+              encoder_ffn_embed_dim=256, decoder_ffn_embed_dim=256, encoder_attention_heads=4,
+              decoder_attention_heads=4, dropout=0.1, max_source_positions=128, max_target_positions=128)
+    insertion_base(args)

@@ -1,0 +1,221 @@
+"""Levenshtein Transformer (Gu et al. 2019), arch ``levenshtein`` (+ ``levenshtein_small``, ``_tiny``).
+
+One non-causal decoder, three classifiers on its states:
+* deletion (``word_del``): keep / delete each token;
+* placeholders (``mask_ins``): how many tokens to insert between two neighbours (0..--max-placeholders),
+  from the concatenated states of the pair;
+* tokens (``word_ins``): the token of every placeholder.
+
+Training imitates the expert of ``fairseq_nat_ext.oracles.levenshtein`` (our batched edit-distance
+oracle; no libnat).  y0 = the target with random deletions (fairseq's noise); then, per sentence:
+* insertion policy: its input is the expert-deleted y0, or with probability --levt-beta the model's
+  own deletion of y0 (roll-in); placeholder counts and tokens come from the oracle (input -> target);
+* deletion policy (``--levt-rollin paper``, default): its input is y0 with probability --levt-alpha,
+  else the model's own insertion output on y0 (placeholders then tokens, greedy); labels from the
+  oracle.  ``--levt-rollin fairseq`` is fairseq's shortcut: the deletion policy reads the target with
+  its placeholders filled by the model's token predictions.
+Roll-in passes run without gradient.  Sequences carry ``<s>`` ... ``</s>``; the dataset target has no
+``<s>``, the model adds it.
+"""
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.nat import FairseqNATDecoder, FairseqNATModel
+from fairseq.models.transformer import base_architecture as transformer_base_architecture
+
+from ...compat import InputError
+from ...modules.attention import add_attention_args
+from ...modules.efficient_encoder import EfficientNATEncoder
+from ...oracles.levenshtein import levenshtein_oracle
+from ...tasks.nat_translation import MASK_SYMBOL
+from .edit_ops import delete_tokens, fill_placeholders, insert_placeholders, random_delete, trim
+
+
+def with_bos(target, bos, pad):
+    """Dataset target (B, T) ``... </s>`` -> ``<s> ... </s>``."""
+    return torch.cat([target.new_full((target.size(0), 1), bos), target], 1)
+
+
+class LevenshteinDecoder(FairseqNATDecoder):
+    def __init__(self, args, dictionary, embed_tokens):
+        super().__init__(args, dictionary, embed_tokens, no_encoder_attn=False)
+        self.mask_idx = dictionary.index(MASK_SYMBOL)
+        if self.mask_idx == dictionary.unk():
+            raise InputError(f"levenshtein: the target dictionary has no {MASK_SYMBOL}; use --task nat_translation")
+        d = args.decoder_embed_dim
+        self.max_placeholders = args.max_placeholders
+        self.mask_ins_proj = nn.Linear(2 * d, args.max_placeholders + 1)
+        self.word_del_proj = nn.Linear(d, 2)
+
+    def states(self, tokens, encoder_out):
+        feats, _ = self.extract_features(tokens, encoder_out=encoder_out, full_context_alignment=True)
+        return feats  # (B, T, C)
+
+    def forward_word_del(self, tokens, encoder_out, normalize=False):
+        out = self.word_del_proj(self.states(tokens, encoder_out))
+        return F.log_softmax(out, -1) if normalize else out
+
+    def forward_mask_ins(self, tokens, encoder_out, normalize=False):
+        h = self.states(tokens, encoder_out)
+        out = self.mask_ins_proj(torch.cat([h[:, :-1], h[:, 1:]], -1))  # (B, T-1, M+1)
+        return F.log_softmax(out, -1) if normalize else out
+
+    def forward_word_ins(self, tokens, encoder_out, normalize=False, select=None):
+        h = self.states(tokens, encoder_out)
+        if select is not None:
+            h = h[select]
+        out = self.output_layer(h)
+        return F.log_softmax(out, -1) if normalize else out
+
+    def forward(self, tokens, encoder_out, **unused):
+        return self.forward_word_ins(tokens, encoder_out)
+
+
+@register_model("levenshtein")
+class LevenshteinModel(FairseqNATModel):
+    @property
+    def generator_class(self):
+        from ...generators.edit import EditGenerator
+
+        return EditGenerator
+
+    @property
+    def allow_length_beam(self):
+        return False
+
+    @staticmethod
+    def add_args(parser):
+        FairseqNATModel.add_args(parser)
+        parser.add_argument("--max-placeholders", type=int, help="largest number of placeholders per slot")
+        parser.add_argument("--levt-rollin", choices=["paper", "fairseq"],
+                            help="deletion roll-in: the paper's mixture, or fairseq's filled-target shortcut")
+        parser.add_argument("--levt-alpha", type=float,
+                            help="paper roll-in: probability that the deletion policy reads y0")
+        parser.add_argument("--levt-beta", type=float,
+                            help="probability that the insertion policy reads the model's own deletion of y0")
+        add_attention_args(parser)
+
+    @classmethod
+    def build_encoder(cls, args, src_dict, embed_tokens):
+        from .mask_predict import _bert_init
+
+        return _bert_init(args, EfficientNATEncoder(args, src_dict, embed_tokens))
+
+    @classmethod
+    def build_decoder(cls, args, tgt_dict, embed_tokens):
+        from .mask_predict import _bert_init
+
+        return _bert_init(args, LevenshteinDecoder(args, tgt_dict, embed_tokens))
+
+    @property
+    def mask_idx(self):
+        return self.decoder.mask_idx
+
+    def inject_noise(self, target):
+        """Dataset target -> y0 = ``<s>`` + target with random deletions (the decoder's first input)."""
+        return random_delete(with_bos(target, self.bos, self.pad), self.pad, self.bos, self.eos)
+
+    # ------------------------------------------------------------------------------------------
+    def _coin(self, p, n, device):
+        return torch.rand(n, device=device) < p
+
+    @staticmethod
+    def _rows(a, b, take_b, pad):
+        """Row-wise choice between two right-padded tensors of possibly different widths."""
+        w = max(a.size(1), b.size(1))
+        a = F.pad(a, (0, w - a.size(1)), value=pad)
+        b = F.pad(b, (0, w - b.size(1)), value=pad)
+        return trim(torch.where(take_b.unsqueeze(1), b, a), pad)
+
+    @torch.no_grad()
+    def _model_delete(self, tokens, encoder_out):
+        dele = self.decoder.forward_word_del(tokens, encoder_out).argmax(-1).bool()
+        return delete_tokens(tokens, dele, self.pad, self.bos, self.eos)
+
+    @torch.no_grad()
+    def _model_insert(self, tokens, encoder_out):
+        counts = self.decoder.forward_mask_ins(tokens, encoder_out).argmax(-1)
+        out = insert_placeholders(tokens, counts, self.pad, self.mask_idx, max_len=self.decoder.max_positions())
+        holes = out.eq(self.mask_idx)
+        if holes.any():
+            pred = self.decoder.forward_word_ins(out, encoder_out, select=holes).argmax(-1)
+            out = fill_placeholders(out, pred, self.mask_idx)
+        return out
+
+    def forward(self, src_tokens, src_lengths, prev_output_tokens, tgt_tokens, **kwargs):
+        a = self.args
+        pad, mask = self.pad, self.mask_idx
+        tgt = with_bos(tgt_tokens, self.bos, pad)
+        y0 = prev_output_tokens
+        if y0.size(1) < 2 or not bool((y0[:, 0] == self.bos).all()):
+            raise ValueError("levenshtein: the decoder input must start with <s>; build it with model.inject_noise "
+                             "(task nat_translation does)")
+        enc = self.encoder(src_tokens, src_lengths=src_lengths)
+        B, dev = tgt.size(0), tgt.device
+
+        # ---- insertion policy: expert-deleted y0, or the model's own deletion (prob beta) ----------
+        ins_in = y0
+        if a.levt_beta > 0:
+            mine = self._coin(a.levt_beta, B, dev)
+            if mine.any():
+                ins_in = self._rows(y0, self._model_delete(y0, enc), mine, pad)
+        # the expert deletes what is not in the target: the insertion input is a subsequence of it
+        ins_in = delete_tokens(ins_in, levenshtein_oracle(ins_in, tgt, pad, mask).del_labels.bool(),
+                               pad, self.bos, self.eos)
+        o = levenshtein_oracle(ins_in, tgt, pad, mask)
+        T_in = ins_in.size(1)
+        slots = torch.arange(T_in - 1, device=dev).unsqueeze(0) < (ins_in.ne(pad).sum(1) - 1).unsqueeze(1)
+        mask_ins_tgt = o.ins_counts[:, 1:T_in].clamp(max=self.decoder.max_placeholders)
+        mask_ins_out = self.decoder.forward_mask_ins(ins_in, enc)
+        holes = o.masked_tgt.eq(mask)
+        word_ins_out = self.decoder.forward_word_ins(o.masked_tgt, enc, select=holes)
+
+        # ---- deletion policy -------------------------------------------------------------------
+        if a.levt_rollin == "fairseq":
+            filled = fill_placeholders(o.masked_tgt, word_ins_out.detach().argmax(-1), mask)
+            del_in = filled
+        else:
+            del_in = y0
+            if a.levt_alpha < 1:
+                mine = ~self._coin(a.levt_alpha, B, dev)
+                if mine.any():
+                    del_in = self._rows(y0, self._model_insert(y0, enc), mine, pad)
+        od = levenshtein_oracle(del_in, tgt, pad, mask)
+        del_mask = del_in.ne(pad) & del_in.ne(self.bos) & del_in.ne(self.eos)
+        word_del_out = self.decoder.forward_word_del(del_in, enc)
+        return {
+            "mask_ins": {"out": mask_ins_out, "tgt": mask_ins_tgt, "mask": slots, "ls": 0.01, "factor": 1.0},
+            "word_ins": {"out": word_ins_out, "tgt": tgt[holes], "mask": None, "factor": 1.0},
+            "word_del": {"out": word_del_out, "tgt": od.del_labels, "mask": del_mask, "factor": 1.0},
+        }
+
+
+def _defaults(args, **values):
+    for k, v in values.items():
+        setattr(args, k, getattr(args, k, v))
+
+
+@register_model_architecture("levenshtein", "levenshtein")
+def levenshtein_base(args):
+    _defaults(args, max_placeholders=255, levt_rollin="paper", levt_alpha=0.5, levt_beta=0.2,
+              share_all_embeddings=True, dropout=0.3, apply_bert_init=True)
+    transformer_base_architecture(args)
+
+
+@register_model_architecture("levenshtein", "levenshtein_small")
+def levenshtein_small(args):
+    _defaults(args, encoder_layers=3, decoder_layers=3, encoder_embed_dim=256, decoder_embed_dim=256,
+              encoder_ffn_embed_dim=1024, decoder_ffn_embed_dim=1024, encoder_attention_heads=4,
+              decoder_attention_heads=4)
+    levenshtein_base(args)
+
+
+@register_model_architecture("levenshtein", "levenshtein_tiny")
+def levenshtein_tiny(args):
+    _defaults(args, encoder_layers=2, decoder_layers=2, encoder_embed_dim=128, decoder_embed_dim=128,
+              encoder_ffn_embed_dim=256, decoder_ffn_embed_dim=256, encoder_attention_heads=4,
+              decoder_attention_heads=4, dropout=0.1, max_placeholders=64,
+              max_source_positions=128, max_target_positions=128)
+    levenshtein_base(args)

@@ -1,0 +1,72 @@
+"""Batched edit operations against list-based references."""
+import random
+
+import torch
+
+from fairseq_nat_ext.models.nat.edit_ops import delete_tokens, fill_placeholders, insert_placeholders, random_delete
+
+PAD, BOS, EOS, MASK = 1, 0, 2, 3
+
+
+def rows(seqs):
+    w = max(len(s) for s in seqs)
+    return torch.tensor([s + [PAD] * (w - len(s)) for s in seqs])
+
+
+def unpad(t):
+    return [[x for x in r if x != PAD] for r in t.tolist()]
+
+
+def random_rows(rng, n=6):
+    return [[BOS] + [rng.randrange(4, 20) for _ in range(rng.randint(0, 8))] + [EOS] for _ in range(n)]
+
+
+def test_delete_matches_reference():
+    rng = random.Random(0)
+    for _ in range(50):
+        seqs = random_rows(rng)
+        t = rows(seqs)
+        dele = torch.rand(t.shape, generator=torch.Generator().manual_seed(rng.randrange(1000))) < 0.5
+        got = unpad(delete_tokens(t, dele, PAD, BOS, EOS))
+        want = [[x for j, x in enumerate(s) if not (dele[i, j] and x not in (BOS, EOS))] for i, s in enumerate(seqs)]
+        assert got == want
+
+
+def test_insert_and_fill_match_reference():
+    rng = random.Random(1)
+    for _ in range(50):
+        seqs = random_rows(rng)
+        t = rows(seqs)
+        counts = torch.randint(0, 4, (t.size(0), t.size(1) - 1), generator=torch.Generator().manual_seed(rng.randrange(1000)))
+        got = unpad(insert_placeholders(t, counts, PAD, MASK))
+        want = []
+        for i, s in enumerate(seqs):
+            out = []
+            for k, x in enumerate(s):
+                out.append(x)
+                if k < len(s) - 1:
+                    out += [MASK] * int(counts[i, k])
+            want.append(out)
+        assert got == want
+        grown = insert_placeholders(t, counts, PAD, MASK)
+        filled = fill_placeholders(grown, torch.full_like(grown, 7), MASK)
+        assert unpad(filled) == [[7 if x == MASK else x for x in r] for r in want]
+
+
+def test_insert_respects_max_len_left_to_right():
+    t = rows([[BOS, 5, 6, EOS]])
+    out = insert_placeholders(t, torch.tensor([[3, 3, 3]]), PAD, MASK, max_len=9)
+    assert unpad(out) == [[BOS, MASK, MASK, MASK, 5, MASK, MASK, 6, EOS]]
+
+
+def test_random_delete_keeps_an_ordered_subsequence_with_ends():
+    g = torch.Generator().manual_seed(0)
+    seqs = [[BOS] + list(range(4, 4 + n)) + [EOS] for n in (0, 1, 5, 12)] * 20
+    out = unpad(random_delete(rows(seqs), PAD, BOS, EOS, generator=g))
+    sizes = set()
+    for s, o in zip(seqs, out):
+        assert o[0] == BOS and o[-1] == EOS
+        assert o[1:-1] == sorted(o[1:-1]) and set(o) <= set(s), "an ordered subsequence"
+        if len(s) == 14:
+            sizes.add(len(o))
+    assert len(sizes) > 3, "the number of kept tokens is drawn per sentence"

@@ -1,0 +1,86 @@
+"""Levenshtein Transformer: training outputs follow the oracle, decoding, CLI end to end."""
+import pytest
+import torch
+
+from conftest import PLUGIN_DIR, build_model_and_task, run_cli
+
+import fairseq_nat_ext  # noqa: F401
+from fairseq_nat_ext.oracles.levenshtein import levenshtein_oracle
+
+ARCH = ["--arch", "levenshtein_tiny", "--dropout", "0"]
+
+
+@pytest.fixture(scope="module")
+def model_task(toy_databin):
+    task, model, _ = build_model_and_task(toy_databin[0], ARCH)
+    return model, task
+
+
+def toy_batch(task, n=6):
+    task.load_dataset("valid")
+    ds = task.datasets["valid"]
+    return ds.collater([ds[i] for i in range(n)])
+
+
+@pytest.mark.parametrize("rollin", ["paper", "fairseq"])
+def test_training_outputs_are_the_oracles_targets(model_task, rollin):
+    model, task = model_task
+    model.args.levt_rollin = rollin
+    model.train()
+    sample = toy_batch(task)
+    tgt = sample["target"]
+    y0 = model.inject_noise(tgt)
+    out = model(sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"], y0, tgt)
+    full = torch.cat([tgt.new_full((tgt.size(0), 1), model.bos), tgt], 1)
+    # word_ins: exactly the target tokens missing from the insertion input
+    assert out["word_ins"]["out"].shape[0] == out["word_ins"]["tgt"].numel()
+    assert set(out["word_ins"]["tgt"].tolist()) <= set(full.flatten().tolist())
+    # mask_ins targets + kept tokens rebuild the target length
+    m = out["mask_ins"]["mask"]
+    kept = m.sum(1) + 1
+    assert torch.equal(kept + (out["mask_ins"]["tgt"] * m).sum(1), full.ne(model.pad).sum(1))
+    # word_del labels never touch <s>, </s>, padding
+    assert out["word_del"]["mask"].sum() >= out["word_del"]["tgt"].sum()
+    from fairseq_nat_ext.criterions.nat_base import NATLossBase
+
+    loss = sum(NATLossBase(task).part_loss(k, v)[0] for k, v in out.items())
+    loss.backward()
+    assert torch.isfinite(loss)
+
+
+def test_deletion_labels_equal_the_oracle_on_y0_with_alpha_one(model_task):
+    model, task = model_task
+    model.args.levt_rollin, model.args.levt_alpha = "paper", 1.0
+    sample = toy_batch(task)
+    tgt = sample["target"]
+    y0 = model.inject_noise(tgt)
+    out = model(sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"], y0, tgt)
+    full = torch.cat([tgt.new_full((tgt.size(0), 1), model.bos), tgt], 1)
+    assert torch.equal(out["word_del"]["tgt"], levenshtein_oracle(y0, full, model.pad, model.mask_idx).del_labels)
+    model.args.levt_alpha = 0.5
+
+
+def test_decoding_runs_rounds_and_traces(model_task):
+    model, task = model_task
+    from fairseq_nat_ext.generators.edit import EditGenerator
+
+    gen = EditGenerator([model], task.target_dictionary, max_iter=3, retain_history=True)
+    hyps = gen.generate([model], toy_batch(task, 4))
+    for (h,) in hyps:
+        assert h["tokens"][-1] == model.eos and 1 <= h["steps"] <= 3
+        assert h["positional_scores"].shape == h["tokens"].shape
+        assert set(h["history_ops"]) <= {"delete", "insert", "fill"}
+
+
+@pytest.mark.slow
+def test_cli_train_then_generate(toy_databin, tmp_path):
+    data_bin, _ = toy_databin
+    save = tmp_path / "ck"
+    run_cli(["fairseq-train", data_bin, "--user-dir", PLUGIN_DIR, "--task", "nat_translation",
+             "--arch", "levenshtein_tiny", "--criterion", "levenshtein_loss", "--optimizer", "adam",
+             "--lr", "1e-3", "--max-tokens", "800", "--max-update", "4", "--save-dir", str(save),
+             "--no-epoch-checkpoints", "--num-workers", "0"])
+    proc = run_cli(["fairseq-generate", data_bin, "--user-dir", PLUGIN_DIR, "--task", "nat_translation",
+                    "--path", str(save / "checkpoint_last.pt"), "--iter-decode-max-iter", "4",
+                    "--max-tokens", "800", "--retain-iter-history"])
+    assert proc.stdout.count("\nH-") == 40
