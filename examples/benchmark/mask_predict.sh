@@ -39,6 +39,8 @@
 #   OUT               default benchmarks/results/mask_predict.json (relative to the repo root)
 #   README            default README.md (relative to the repo root)
 #   CUDA=1            decode on CUDA when available (default: CPU)
+#   TRAIN_COMMAND     how the NAT systems were trained (same budget for both), recorded in the
+#                     results' "command" before the benchmark command
 #   SYSTEMS           which rows to (re)measure, default "teacher mp cmlm reference"; other rows of
 #                     $OUT are kept (e.g. measure the teacher and ours while the CMLM still trains)
 #   PYTHON            default: the repo's .venv/bin/python when present, else python
@@ -90,6 +92,7 @@ COMMAND+=" CMLM_CKPT=$CMLM_CKPT${CMLM_UPDATES:+ CMLM_UPDATES=$CMLM_UPDATES}${CML
 COMMAND+=" THREADS=$THREADS LATENCY_SENTENCES=$LATENCY_SENTENCES"
 [[ "$CUDA" == 1 ]] && COMMAND+=" CUDA=1"
 COMMAND+=" bash examples/benchmark/mask_predict.sh"
+[[ -n "${TRAIN_COMMAND:-}" ]] && COMMAND="training: $TRAIN_COMMAND; benchmark: $COMMAND"
 
 COMMON=(--benchmark mask_predict --data-bin "$DATA_BIN" --raw-ref "$RAW_REF"
         --src-lang "$SRC" --tgt-lang "$TGT" --threads "$THREADS"
