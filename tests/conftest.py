@@ -83,3 +83,15 @@ def build_model_and_task(data_bin, arch_args):
     task = tasks.setup_task(args)
     model = task.build_model(args)
     return task, model, args
+
+
+def train_then_generate(data_bin, save_dir, arch, criterion, gen_args, updates=4, max_tokens=800):
+    """Tiny fairseq-train of a plugin NAT arch, then fairseq-generate on the test split; returns the
+    generate process."""
+    run_cli(["fairseq-train", data_bin, "--user-dir", PLUGIN_DIR, "--task", "nat_translation",
+             "--arch", arch, "--criterion", criterion, "--optimizer", "adam", "--lr", "1e-3",
+             "--max-tokens", str(max_tokens), "--max-update", str(updates), "--save-dir", str(save_dir),
+             "--no-epoch-checkpoints", "--num-workers", "0"])
+    return run_cli(["fairseq-generate", data_bin, "--user-dir", PLUGIN_DIR, "--task", "nat_translation",
+                    "--path", os.path.join(str(save_dir), "checkpoint_last.pt"),
+                    "--max-tokens", str(max_tokens)] + list(gen_args))

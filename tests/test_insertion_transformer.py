@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from conftest import PLUGIN_DIR, build_model_and_task, run_cli
+from conftest import build_model_and_task, train_then_generate
 
 import fairseq_nat_ext  # noqa: F401
 
@@ -72,13 +72,6 @@ def test_decoding_inserts_in_parallel_and_stops(model_task):
 
 @pytest.mark.slow
 def test_cli_train_then_generate(toy_databin, tmp_path):
-    data_bin, _ = toy_databin
-    save = tmp_path / "ck"
-    run_cli(["fairseq-train", data_bin, "--user-dir", PLUGIN_DIR, "--task", "nat_translation",
-             "--arch", "insertion_tiny", "--criterion", "insertion_loss", "--optimizer", "adam",
-             "--lr", "1e-3", "--max-tokens", "800", "--max-update", "4", "--save-dir", str(save),
-             "--no-epoch-checkpoints", "--num-workers", "0"])
-    proc = run_cli(["fairseq-generate", data_bin, "--user-dir", PLUGIN_DIR, "--task", "nat_translation",
-                    "--path", str(save / "checkpoint_last.pt"), "--iter-decode-max-iter", "5",
-                    "--max-tokens", "800"])
+    proc = train_then_generate(toy_databin[0], tmp_path / "ck",
+                               "insertion_tiny", "insertion_loss", ["--iter-decode-max-iter", "5"])
     assert proc.stdout.count("\nH-") == 40

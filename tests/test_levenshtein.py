@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from conftest import PLUGIN_DIR, build_model_and_task, run_cli
+from conftest import build_model_and_task, train_then_generate
 
 import fairseq_nat_ext  # noqa: F401
 from fairseq_nat_ext.oracles.levenshtein import levenshtein_oracle
@@ -74,13 +74,6 @@ def test_decoding_runs_rounds_and_traces(model_task):
 
 @pytest.mark.slow
 def test_cli_train_then_generate(toy_databin, tmp_path):
-    data_bin, _ = toy_databin
-    save = tmp_path / "ck"
-    run_cli(["fairseq-train", data_bin, "--user-dir", PLUGIN_DIR, "--task", "nat_translation",
-             "--arch", "levenshtein_tiny", "--criterion", "levenshtein_loss", "--optimizer", "adam",
-             "--lr", "1e-3", "--max-tokens", "800", "--max-update", "4", "--save-dir", str(save),
-             "--no-epoch-checkpoints", "--num-workers", "0"])
-    proc = run_cli(["fairseq-generate", data_bin, "--user-dir", PLUGIN_DIR, "--task", "nat_translation",
-                    "--path", str(save / "checkpoint_last.pt"), "--iter-decode-max-iter", "4",
-                    "--max-tokens", "800", "--retain-iter-history"])
+    proc = train_then_generate(toy_databin[0], tmp_path / "ck",
+                               "levenshtein_tiny", "levenshtein_loss", ["--iter-decode-max-iter", "4", "--retain-iter-history"])
     assert proc.stdout.count("\nH-") == 40

@@ -96,9 +96,9 @@ def tiny(toy_databin):
     return task, model
 
 
+@torch.no_grad()
 def _slow_mask_predict(model, src, T, l, adaptive):
     """One sentence, one length candidate at a time, plain Python loops."""
-    torch.set_grad_enabled(False)
     dec, enc = model.decoder, model.encoder
     forbidden = {model.pad, model.bos, model.eos, model.mask_idx}
     src = src.unsqueeze(0)

@@ -8,6 +8,11 @@ import torch
 Tensor = torch.Tensor
 
 
+def with_bos(target: Tensor, bos: int) -> Tensor:
+    """Dataset target (B, T) ``... </s>`` -> ``<s> ... </s>``."""
+    return torch.cat([target.new_full((target.size(0), 1), bos), target], 1)
+
+
 def trim(tokens: Tensor, pad: int) -> Tensor:
     """Drop all-padding columns on the right."""
     width = int(tokens.ne(pad).sum(1).max()) if tokens.numel() else 0

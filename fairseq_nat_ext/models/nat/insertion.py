@@ -15,16 +15,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from fairseq.models import register_model, register_model_architecture
-from fairseq.models.nat import FairseqNATDecoder, FairseqNATModel
+from fairseq.models.nat import FairseqNATDecoder
 from fairseq.models.transformer import base_architecture as transformer_base_architecture
 
-from ...modules.attention import add_attention_args
-from ...modules.efficient_encoder import EfficientNATEncoder
 from ...oracles.insertion import insertion_oracle
 from ...oracles.levenshtein import levenshtein_oracle
 from ...tasks.nat_translation import MASK_SYMBOL
-from .edit_ops import random_delete
-from .levenshtein import with_bos
+from .base import SMALL, TINY, EditNATModel, arch_defaults
+from .edit_ops import with_bos
 
 
 class InsertionDecoder(FairseqNATDecoder):
@@ -46,46 +44,24 @@ class InsertionDecoder(FairseqNATDecoder):
 
 
 @register_model("insertion")
-class InsertionModel(FairseqNATModel):
+class InsertionModel(EditNATModel):
+    decoder_class = InsertionDecoder
+
     @property
     def generator_class(self):
         from ...generators.edit import InsertionGenerator
 
         return InsertionGenerator
 
-    @property
-    def allow_length_beam(self):
-        return False
-
     @staticmethod
     def add_args(parser):
-        FairseqNATModel.add_args(parser)
+        EditNATModel.add_args(parser)
         parser.add_argument("--insertion-tau", type=float,
                             help="balanced-binary-tree temperature (0: uniform weights over the span)")
-        add_attention_args(parser)
-
-    @classmethod
-    def build_encoder(cls, args, src_dict, embed_tokens):
-        from .mask_predict import _bert_init
-
-        return _bert_init(args, EfficientNATEncoder(args, src_dict, embed_tokens))
-
-    @classmethod
-    def build_decoder(cls, args, tgt_dict, embed_tokens):
-        from .mask_predict import _bert_init
-
-        return _bert_init(args, InsertionDecoder(args, tgt_dict, embed_tokens))
-
-    @property
-    def mask_idx(self):
-        return self.decoder.mask_idx
-
-    def inject_noise(self, target):
-        return random_delete(with_bos(target, self.bos, self.pad), self.pad, self.bos, self.eos)
 
     def forward(self, src_tokens, src_lengths, prev_output_tokens, tgt_tokens, **kwargs):
         pad = self.pad
-        tgt = with_bos(tgt_tokens, self.bos, pad)
+        tgt = with_bos(tgt_tokens, self.bos)
         canvas = prev_output_tokens
         enc = self.encoder(src_tokens, src_lengths=src_lengths)
         # which target tokens are on the canvas: the oracle's alignment (a subsequence keeps all)
@@ -107,28 +83,19 @@ class InsertionModel(FairseqNATModel):
         return {"insertion": {"loss": loss, "nll_loss": loss.detach(), "factor": 1.0}}
 
 
-def _defaults(args, **values):
-    for k, v in values.items():
-        setattr(args, k, getattr(args, k, v))
-
-
 @register_model_architecture("insertion", "insertion")
 def insertion_base(args):
-    _defaults(args, insertion_tau=1.0, share_all_embeddings=True, dropout=0.3, apply_bert_init=True)
+    arch_defaults(args, insertion_tau=1.0, share_all_embeddings=True, dropout=0.3, apply_bert_init=True)
     transformer_base_architecture(args)
 
 
 @register_model_architecture("insertion", "insertion_small")
 def insertion_small(args):
-    _defaults(args, encoder_layers=3, decoder_layers=3, encoder_embed_dim=256, decoder_embed_dim=256,
-              encoder_ffn_embed_dim=1024, decoder_ffn_embed_dim=1024, encoder_attention_heads=4,
-              decoder_attention_heads=4)
+    arch_defaults(args, **SMALL)
     insertion_base(args)
 
 
 @register_model_architecture("insertion", "insertion_tiny")
 def insertion_tiny(args):
-    _defaults(args, encoder_layers=2, decoder_layers=2, encoder_embed_dim=128, decoder_embed_dim=128,
-              encoder_ffn_embed_dim=256, decoder_ffn_embed_dim=256, encoder_attention_heads=4,
-              decoder_attention_heads=4, dropout=0.1, max_source_positions=128, max_target_positions=128)
+    arch_defaults(args, **TINY)
     insertion_base(args)

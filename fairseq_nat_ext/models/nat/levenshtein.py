@@ -22,20 +22,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from fairseq.models import register_model, register_model_architecture
-from fairseq.models.nat import FairseqNATDecoder, FairseqNATModel
+from fairseq.models.nat import FairseqNATDecoder
 from fairseq.models.transformer import base_architecture as transformer_base_architecture
 
 from ...compat import InputError
-from ...modules.attention import add_attention_args
-from ...modules.efficient_encoder import EfficientNATEncoder
 from ...oracles.levenshtein import levenshtein_oracle
 from ...tasks.nat_translation import MASK_SYMBOL
-from .edit_ops import delete_tokens, fill_placeholders, insert_placeholders, random_delete, trim
-
-
-def with_bos(target, bos, pad):
-    """Dataset target (B, T) ``... </s>`` -> ``<s> ... </s>``."""
-    return torch.cat([target.new_full((target.size(0), 1), bos), target], 1)
+from .base import SMALL, TINY, EditNATModel, arch_defaults
+from .edit_ops import delete_tokens, fill_placeholders, insert_placeholders, trim, with_bos
 
 
 class LevenshteinDecoder(FairseqNATDecoder):
@@ -74,20 +68,18 @@ class LevenshteinDecoder(FairseqNATDecoder):
 
 
 @register_model("levenshtein")
-class LevenshteinModel(FairseqNATModel):
+class LevenshteinModel(EditNATModel):
+    decoder_class = LevenshteinDecoder
+
     @property
     def generator_class(self):
         from ...generators.edit import EditGenerator
 
         return EditGenerator
 
-    @property
-    def allow_length_beam(self):
-        return False
-
     @staticmethod
     def add_args(parser):
-        FairseqNATModel.add_args(parser)
+        EditNATModel.add_args(parser)
         parser.add_argument("--max-placeholders", type=int, help="largest number of placeholders per slot")
         parser.add_argument("--levt-rollin", choices=["paper", "fairseq"],
                             help="deletion roll-in: the paper's mixture, or fairseq's filled-target shortcut")
@@ -95,27 +87,6 @@ class LevenshteinModel(FairseqNATModel):
                             help="paper roll-in: probability that the deletion policy reads y0")
         parser.add_argument("--levt-beta", type=float,
                             help="probability that the insertion policy reads the model's own deletion of y0")
-        add_attention_args(parser)
-
-    @classmethod
-    def build_encoder(cls, args, src_dict, embed_tokens):
-        from .mask_predict import _bert_init
-
-        return _bert_init(args, EfficientNATEncoder(args, src_dict, embed_tokens))
-
-    @classmethod
-    def build_decoder(cls, args, tgt_dict, embed_tokens):
-        from .mask_predict import _bert_init
-
-        return _bert_init(args, LevenshteinDecoder(args, tgt_dict, embed_tokens))
-
-    @property
-    def mask_idx(self):
-        return self.decoder.mask_idx
-
-    def inject_noise(self, target):
-        """Dataset target -> y0 = ``<s>`` + target with random deletions (the decoder's first input)."""
-        return random_delete(with_bos(target, self.bos, self.pad), self.pad, self.bos, self.eos)
 
     # ------------------------------------------------------------------------------------------
     def _coin(self, p, n, device):
@@ -147,7 +118,7 @@ class LevenshteinModel(FairseqNATModel):
     def forward(self, src_tokens, src_lengths, prev_output_tokens, tgt_tokens, **kwargs):
         a = self.args
         pad, mask = self.pad, self.mask_idx
-        tgt = with_bos(tgt_tokens, self.bos, pad)
+        tgt = with_bos(tgt_tokens, self.bos)
         y0 = prev_output_tokens
         if y0.size(1) < 2 or not bool((y0[:, 0] == self.bos).all()):
             raise ValueError("levenshtein: the decoder input must start with <s>; build it with model.inject_noise "
@@ -192,30 +163,20 @@ class LevenshteinModel(FairseqNATModel):
         }
 
 
-def _defaults(args, **values):
-    for k, v in values.items():
-        setattr(args, k, getattr(args, k, v))
-
-
 @register_model_architecture("levenshtein", "levenshtein")
 def levenshtein_base(args):
-    _defaults(args, max_placeholders=255, levt_rollin="paper", levt_alpha=0.5, levt_beta=0.2,
+    arch_defaults(args, max_placeholders=255, levt_rollin="paper", levt_alpha=0.5, levt_beta=0.2,
               share_all_embeddings=True, dropout=0.3, apply_bert_init=True)
     transformer_base_architecture(args)
 
 
 @register_model_architecture("levenshtein", "levenshtein_small")
 def levenshtein_small(args):
-    _defaults(args, encoder_layers=3, decoder_layers=3, encoder_embed_dim=256, decoder_embed_dim=256,
-              encoder_ffn_embed_dim=1024, decoder_ffn_embed_dim=1024, encoder_attention_heads=4,
-              decoder_attention_heads=4)
+    arch_defaults(args, **SMALL)
     levenshtein_base(args)
 
 
 @register_model_architecture("levenshtein", "levenshtein_tiny")
 def levenshtein_tiny(args):
-    _defaults(args, encoder_layers=2, decoder_layers=2, encoder_embed_dim=128, decoder_embed_dim=128,
-              encoder_ffn_embed_dim=256, decoder_ffn_embed_dim=256, encoder_attention_heads=4,
-              decoder_attention_heads=4, dropout=0.1, max_placeholders=64,
-              max_source_positions=128, max_target_positions=128)
+    arch_defaults(args, max_placeholders=64, **TINY)
     levenshtein_base(args)

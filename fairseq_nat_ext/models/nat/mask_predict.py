@@ -12,12 +12,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from fairseq.models import register_model, register_model_architecture
-from fairseq.models.nat import FairseqNATDecoder, FairseqNATModel
+from fairseq.models.nat import FairseqNATDecoder
 from fairseq.models.transformer import base_architecture as transformer_base_architecture
 
 from ...tasks.nat_translation import MASK_SYMBOL
-from ...modules.attention import add_attention_args
-from ...modules.efficient_encoder import EfficientNATEncoder
+from .base import SMALL, TINY, PluginNATModel, arch_defaults
 
 
 def mean_pool(enc, pad_mask):
@@ -108,17 +107,10 @@ class MaskPredictDecoder(FairseqNATDecoder):
         return F.log_softmax(out, -1) if normalize else out
 
 
-def _bert_init(args, module):
-    """fairseq's --apply-bert-init (normal(0, 0.02) for linear layers and embeddings)."""
-    if getattr(args, "apply_bert_init", False):
-        from fairseq.modules.transformer_sentence_encoder import init_bert_params
-
-        module.apply(init_bert_params)
-    return module
-
-
 @register_model("mask_predict")
-class MaskPredictModel(FairseqNATModel):
+class MaskPredictModel(PluginNATModel):
+    decoder_class = MaskPredictDecoder
+
     @property
     def generator_class(self):
         from ...generators.mask_predict import MaskPredictGenerator
@@ -131,7 +123,7 @@ class MaskPredictModel(FairseqNATModel):
 
     @staticmethod
     def add_args(parser):
-        FairseqNATModel.add_args(parser)
+        PluginNATModel.add_args(parser)
         parser.add_argument("--length-loss-factor", type=float,
                             help="weight of the length-prediction loss")
         parser.add_argument("--length-classes", type=int,
@@ -140,19 +132,7 @@ class MaskPredictModel(FairseqNATModel):
                             help="predict target length minus source length instead of the length")
         parser.add_argument("--sg-length-pred", action="store_true",
                             help="stop gradients from the length loss into the encoder")
-        add_attention_args(parser)
 
-    @classmethod
-    def build_encoder(cls, args, src_dict, embed_tokens):
-        return _bert_init(args, EfficientNATEncoder(args, src_dict, embed_tokens))
-
-    @classmethod
-    def build_decoder(cls, args, tgt_dict, embed_tokens):
-        return _bert_init(args, MaskPredictDecoder(args, tgt_dict, embed_tokens))
-
-    @property
-    def mask_idx(self):
-        return self.decoder.mask_idx
 
     def inject_noise(self, target):
         """Dataset target (B, T) with </s> -> decoder input with random <mask>s."""
@@ -186,15 +166,10 @@ class MaskPredictModel(FairseqNATModel):
         }
 
 
-def _defaults(args, **values):
-    for k, v in values.items():
-        setattr(args, k, getattr(args, k, v))
-
-
 @register_model_architecture("mask_predict", "mask_predict")
 def mask_predict_base(args):
     """The paper's base size: 6+6 layers, d=512, 8 heads."""
-    _defaults(
+    arch_defaults(
         args,
         encoder_embed_dim=512, encoder_ffn_embed_dim=2048, encoder_layers=6,
         encoder_attention_heads=8, decoder_layers=6, decoder_attention_heads=8,
@@ -211,21 +186,12 @@ def mask_predict_base(args):
 @register_model_architecture("mask_predict", "mask_predict_small")
 def mask_predict_small(args):
     """Multi30K size, the same as the shared teacher: 3+3 layers, d=256, 4 heads, FFN 1024."""
-    _defaults(
-        args,
-        encoder_embed_dim=256, encoder_ffn_embed_dim=1024, encoder_layers=3,
-        encoder_attention_heads=4, decoder_layers=3, decoder_attention_heads=4,
-    )
+    arch_defaults(args, **SMALL)
     mask_predict_base(args)
 
 
 @register_model_architecture("mask_predict", "mask_predict_tiny")
 def mask_predict_tiny(args):
     """For tests and the quick start: 2+2 layers, d=128."""
-    _defaults(
-        args,
-        encoder_embed_dim=128, encoder_ffn_embed_dim=256, encoder_layers=2,
-        encoder_attention_heads=4, decoder_layers=2, decoder_attention_heads=4,
-        dropout=0.1, length_classes=128, max_source_positions=128, max_target_positions=128,
-    )
+    arch_defaults(args, length_classes=128, **TINY)
     mask_predict_base(args)

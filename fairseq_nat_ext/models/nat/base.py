@@ -1,0 +1,67 @@
+"""What every NAT model of the plugin shares: the encoder (fairseq's, with the attention registry),
+fairseq's ``--apply-bert-init``, the ``<mask>`` index, and the model sizes of the archs."""
+
+from fairseq.models.nat import FairseqNATModel
+
+from ...modules.attention import add_attention_args
+from ...modules.efficient_encoder import EfficientNATEncoder
+from .edit_ops import random_delete, with_bos
+
+#: arch sizes: ``small`` is the shared Multi30K teacher's size, ``tiny`` is for tests and the quick start
+SMALL = dict(encoder_layers=3, decoder_layers=3, encoder_embed_dim=256, decoder_embed_dim=256,
+             encoder_ffn_embed_dim=1024, decoder_ffn_embed_dim=1024, encoder_attention_heads=4,
+             decoder_attention_heads=4)
+TINY = dict(encoder_layers=2, decoder_layers=2, encoder_embed_dim=128, decoder_embed_dim=128,
+            encoder_ffn_embed_dim=256, decoder_ffn_embed_dim=256, encoder_attention_heads=4,
+            decoder_attention_heads=4, dropout=0.1, max_source_positions=128, max_target_positions=128)
+
+
+def arch_defaults(args, **values):
+    """Set every value the user did not give on the command line."""
+    for k, v in values.items():
+        setattr(args, k, getattr(args, k, v))
+
+
+def bert_init(args, module):
+    """fairseq's --apply-bert-init (normal(0, 0.02) for linear layers and embeddings)."""
+    if getattr(args, "apply_bert_init", False):
+        from fairseq.modules.transformer_sentence_encoder import init_bert_params
+
+        module.apply(init_bert_params)
+    return module
+
+
+class PluginNATModel(FairseqNATModel):
+    """Subclasses set ``decoder_class`` and add their own options after ``PluginNATModel.add_args``."""
+
+    decoder_class = None
+
+    @staticmethod
+    def add_args(parser):
+        FairseqNATModel.add_args(parser)
+        add_attention_args(parser)
+
+    @classmethod
+    def build_encoder(cls, args, src_dict, embed_tokens):
+        return bert_init(args, EfficientNATEncoder(args, src_dict, embed_tokens))
+
+    @classmethod
+    def build_decoder(cls, args, tgt_dict, embed_tokens):
+        return bert_init(args, cls.decoder_class(args, tgt_dict, embed_tokens))
+
+    @property
+    def mask_idx(self):
+        return self.decoder.mask_idx
+
+
+class EditNATModel(PluginNATModel):
+    """Edit-based models (Levenshtein, Insertion): sequences are ``<s> ... </s>``, the first decoder
+    input is the target with random deletions (fairseq's LevT noise)."""
+
+    @property
+    def allow_length_beam(self):
+        return False
+
+    def inject_noise(self, target):
+        """Dataset target -> y0 = ``<s>`` + target with random deletions (the first decoder input)."""
+        return random_delete(with_bos(target, self.bos), self.pad, self.bos, self.eos)
