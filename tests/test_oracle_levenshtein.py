@@ -88,3 +88,29 @@ def test_runs_on_the_inputs_device_and_long_batches():
     assert o.distance.device == hyp.device and o.del_labels.shape == hyp.shape
     assert (o.del_labels[::3, 20:] == 0).all(), "padding is never deleted"
     assert apply_edits(hyp, o, tgt, PAD) == [[int(x) for x in row if x != PAD] for row in tgt]
+
+
+def test_bit_parallel_table_equals_the_row_minimum_table(monkeypatch):
+    """Targets up to 62 tokens use bit-parallel LCS rows; longer ones the cumulative-minimum rows:
+    both give the same table, and the oracle is exact on targets longer than one machine word."""
+    import fairseq_nat_ext.oracles.levenshtein as lev
+
+    g = torch.Generator().manual_seed(1)
+    for n, m in ((7, 5), (40, 62), (3, 1)):
+        hyp = torch.randint(2, 6, (9, n), generator=g)
+        tgt = torch.randint(2, 6, (9, m), generator=g)
+        fast = lev.edit_distance_table(hyp, tgt)
+        monkeypatch.setattr(lev, "_BITS", 0)
+        slow = lev.edit_distance_table(hyp, tgt)
+        monkeypatch.undo()
+        assert torch.equal(fast, slow)
+        d = brute_distance(tuple(hyp[0].tolist()), tuple(tgt[0].tolist()))[1]
+        assert fast[0].tolist() == [[d(i, j) for j in range(m + 1)] for i in range(n + 1)]
+    hyp = torch.randint(2, 5, (4, 80), generator=g)
+    tgt = torch.randint(2, 5, (4, 90), generator=g)
+    tgt[1, 70:] = PAD
+    o = levenshtein_oracle(hyp, tgt, PAD, MASK)
+    assert apply_edits(hyp, o, tgt, PAD) == [[int(x) for x in row if x != PAD] for row in tgt]
+    for b in range(4):
+        t = tuple(x for x in tgt[b].tolist() if x != PAD)
+        assert int(o.distance[b]) == brute_distance(tuple(hyp[b].tolist()), t)[0]

@@ -6,11 +6,13 @@ n + m - 2 * LCS(h, t), as in fairseq's libnat ``suggested_ed2_path``.  The optim
 LCS of h in place, delete the other hypothesis tokens, and insert the missing target tokens into the
 slots between kept tokens.
 
-Algorithm.  The table D[i, j] = distance(h[:i], t[:j]) is filled one hypothesis row at a time for
-the whole batch: with E[j] = min(D[i-1, j] + 1, D[i-1, j-1] if h[i] == t[j]) the row is
-D[i, j] = min_{k <= j} E[k] + (j - k), i.e. a cumulative minimum of E[k] - k plus j, so every row is a
-few vector operations over (batch, m) and no Python loop runs over target positions.  The backtrace
-walks all sequences of the batch together.
+Algorithm.  D[i, j] = i + j - 2 L[i, j] with L the LCS table, filled one hypothesis row at a time
+for the whole batch.  Targets up to 62 tokens use bit-parallel rows (Allison-Dix / Hyyro): a row is
+one int64 per sequence and costs four integer operations on a (batch,) tensor; the table is then
+unpacked in one vectorised step.  Longer targets use L[i, j] = max_{k <= j} max(L[i-1, k],
+L[i-1, k-1] + [h[i] == t[k]]), a cumulative max per row.  No Python loop runs over target positions
+or sequences.  The backtrace precomputes, for every cell, where the walk goes next, then takes one
+gather per hypothesis row for the whole batch.
 
 Tie rule (documented, tested).  Walking back from (n, m): if h[i] == t[j] and D[i, j] == D[i-1, j-1]
 the pair is KEPT (matched); otherwise, if deleting h[i] is optimal (D[i, j] == D[i-1, j] + 1) it is
@@ -43,66 +45,105 @@ class EditOracle(NamedTuple):
     masked_tgt: Tensor
 
 
-def edit_distance_table(hyp: Tensor, tgt: Tensor) -> Tensor:
-    """(B, n+1, m+1) insertion/deletion distances D[b, i, j] between hyp[b, :i] and tgt[b, :j]
-    (padding is compared like any token: read D at the real lengths)."""
+_BITS = 62  # bit-parallel rows fit in an int64 up to this many target positions
+
+
+def _lcs_table_bitparallel(eq: Tensor) -> Tensor:
+    """(B, n+1, m+1) LCS lengths L[b, i, j] of hyp[b, :i] and tgt[b, :j] for m <= 62.
+
+    Bit-parallel rows (Allison-Dix / Hyyro): bit j of V_i is 0 where the LCS grows at target position
+    j, so L[i, j] = number of zero bits of V_i below j.  Each hypothesis token costs four integer
+    operations on a (B,) tensor: V = ((V + U) | (V - U)) with U = V & match_bits(h_i).
+    eq: (B, n, m) bool, eq[b, i, j] = hyp[b, i] == tgt[b, j]."""
+    B, n, m = eq.shape
+    bit = torch.ones(1, dtype=torch.int64, device=eq.device) << torch.arange(m, device=eq.device)
+    match_bits = torch.where(eq, bit, 0).sum(2)  # (B, n)
+    full = (1 << m) - 1
+    V = torch.full((B,), full, dtype=torch.int64, device=eq.device)
+    rows = [V]
+    for i in range(n):
+        U = V & match_bits[:, i]
+        V = ((V + U) | (V - U)) & full
+        rows.append(V)
+    Vs = torch.stack(rows, 1)  # (B, n+1)
+    zero = (Vs.unsqueeze(2) & bit) == 0  # (B, n+1, m)
+    L = torch.zeros(B, n + 1, m + 1, dtype=torch.int16, device=eq.device)
+    torch.cumsum(zero, dim=2, dtype=torch.int16, out=L[:, :, 1:])
+    return L
+
+
+def lcs_table(hyp: Tensor, tgt: Tensor, eq: Tensor = None) -> Tensor:
+    """(B, n+1, m+1) int16 LCS lengths of hyp[b, :i] and tgt[b, :j] (padding compared like any token:
+    read the table at the real lengths).  ``eq`` (B, n, m): the token equality table if known."""
     B, n = hyp.shape
     m = tgt.size(1)
-    j = torch.arange(m + 1, device=hyp.device, dtype=torch.int32)
-    # 0 where h[i] == t[j] (a diagonal move is free), n + m + 1 (never chosen) elsewhere
-    diag_cost = torch.where(hyp.unsqueeze(2) == tgt.unsqueeze(1), 0, n + m + 1).to(torch.int32)  # (B, n, m)
-    D = torch.empty(B, n + 1, m + 1, dtype=torch.int32, device=hyp.device)
-    D[:, 0] = j  # only insertions
+    eq = hyp.unsqueeze(2) == tgt.unsqueeze(1) if eq is None else eq
+    if m <= _BITS:
+        return _lcs_table_bitparallel(eq)
+    # general case, one row per hypothesis token: L[i, j] = max_{k <= j} max(L[i-1, k], L[i-1, k-1] + eq)
+    L = torch.zeros(B, n + 1, m + 1, dtype=torch.int16, device=hyp.device)
     for i in range(1, n + 1):
-        prev = D[:, i - 1]
-        E = prev + 1  # delete h[i]
-        torch.minimum(E[:, 1:], prev[:, :-1] + diag_cost[:, i - 1], out=E[:, 1:])
-        D[:, i] = torch.cummin(E - j, dim=1).values + j  # then insert t[k+1..j]
-    return D
+        prev = L[:, i - 1]
+        E = prev.clone()
+        torch.maximum(E[:, 1:], prev[:, :-1] + eq[:, i - 1], out=E[:, 1:])
+        L[:, i] = torch.cummax(E, dim=1).values
+    return L
+
+
+def edit_distance_table(hyp: Tensor, tgt: Tensor) -> Tensor:
+    """(B, n+1, m+1) insertion/deletion distances D[b, i, j] = i + j - 2 LCS(hyp[b, :i], tgt[b, :j])."""
+    n, m = hyp.size(1), tgt.size(1)
+    i = torch.arange(n + 1, device=hyp.device, dtype=torch.int32).view(1, -1, 1)
+    j = torch.arange(m + 1, device=hyp.device, dtype=torch.int32).view(1, 1, -1)
+    return i + j - 2 * lcs_table(hyp, tgt).to(torch.int32)
 
 
 def levenshtein_oracle(hyp: Tensor, tgt: Tensor, pad: int, mask: int) -> EditOracle:
     """Expert edits turning each hypothesis into its target.  hyp (B, n), tgt (B, m), right-padded
-    with ``pad`` (real tokens may be anything, including special symbols)."""
+    with ``pad`` (real tokens may be anything, including special symbols).
+
+    The backtrace visits one hypothesis row per step: in row i the walk moves left (insertions) from
+    its column j to the nearest column k <= j where a match or a deletion is optimal, then matches
+    (to row i-1, column k-1) or deletes (to row i-1, column k).  That next column is precomputed for
+    every cell of the table, so a step is one gather per row for the whole batch."""
     B, n = hyp.shape
     m = tgt.size(1)
     dev = hyp.device
     W = m + 1
     hyp_len = hyp.ne(pad).sum(1)
     tgt_len = tgt.ne(pad).sum(1)
-    Df = edit_distance_table(hyp, tgt).view(B, -1)  # flat: cell (i, j) at i * W + j
-    # M[i, j] = h[i-1] == t[j-1] for i, j >= 1 (False on the borders)
-    Mf = torch.zeros(B, n + 1, W, dtype=torch.bool, device=dev)
-    Mf[:, 1:, 1:] = hyp.unsqueeze(2) == tgt.unsqueeze(1)
-    Mf = Mf.view(B, -1)
-    i, j = hyp_len.clone(), tgt_len.clone()
-    distance = Df.gather(1, (i * W + j).unsqueeze(1)).squeeze(1).long()
-    steps = int((hyp_len + tgt_len).max()) if B else 0
-    matched_cells = []
-    offsets = torch.tensor([0, -W - 1, -W], device=dev)
-    for _ in range(steps):  # all sequences walk back together; finished ones stay at (0, 0)
-        active = (i > 0) | (j > 0)
-        idx = i * W + j
-        vals = Df.gather(1, (idx.unsqueeze(1) + offsets).clamp_min(0))  # D[i,j], D[i-1,j-1], D[i-1,j]
-        can_match = Mf.gather(1, idx.unsqueeze(1)).squeeze(1) & (vals[:, 1] == vals[:, 0])
-        can_delete = (i > 0) & (vals[:, 2] + 1 == vals[:, 0])
-        step_i = active & (can_match | can_delete)
-        step_j = active & (can_match | ~can_delete)
-        matched_cells.append(torch.where(active & can_match, idx, -1))
-        i = i - step_i.long()
-        j = j - step_j.long()
-    keep_hyp = torch.zeros(B, n + 1, dtype=torch.bool, device=dev)
+    eq = hyp.unsqueeze(2) == tgt.unsqueeze(1)  # (B, n, m)
+    L = lcs_table(hyp, tgt, eq)  # (B, n+1, W); distance D = i + j - 2 L
+    lcs = L.view(B, -1).gather(1, (hyp_len * W + tgt_len).unsqueeze(1)).squeeze(1).long()
+    distance = hyp_len + tgt_len - 2 * lcs
+    # can_match[i-1, j] (cells i >= 1): h[i] == t[j] and the diagonal keeps the distance (L grows)
+    can_match = torch.zeros(B, n, W, dtype=torch.bool, device=dev)
+    can_match[:, :, 1:] = eq & (L[:, :-1, :-1] != L[:, 1:, 1:])
+    can_delete = L[:, :-1] == L[:, 1:]  # (B, n, W): D grows by one; always true at j = 0
+    # k(i, j): nearest column <= j of row i where the walk stops (always exists: column 0 deletes).
+    # With cnt = running count of stop columns, k(i, j) is the cnt[j]-th stop column of the row.
+    stop = can_match | can_delete
+    cnt = torch.cumsum(stop, dim=2)  # (B, n, W), >= 1
+    cols = torch.arange(W, device=dev).expand_as(cnt)
+    nth_stop = torch.zeros(B, n, W + 1, dtype=torch.long, device=dev)
+    nth_stop.scatter_(2, torch.where(stop, cnt, 0), cols)  # index 0 collects the non-stops
+    k = nth_stop.gather(2, cnt)  # (B, n, W)
+    matched_at = can_match.gather(2, k)
+    # next column when entering row i at column j; rows beyond a hypothesis's length keep j
+    rows = torch.arange(1, n + 1, device=dev)
+    beyond = (rows.view(1, -1) > hyp_len.view(-1, 1)).unsqueeze(2)
+    nxt = torch.where(beyond, cols, k - matched_at.long())
+    j = tgt_len.unsqueeze(1)
+    entry = [j] * (n + 1)  # entry[i]: column at which the walk enters row i
+    for i in range(n, 0, -1):
+        j = nxt[:, i - 1].gather(1, j)
+        entry[i - 1] = j
+    entry_col = torch.cat(entry[1:], 1).unsqueeze(2)  # (B, n, 1)
+    keep_hyp = matched_at.gather(2, entry_col).squeeze(2) & ~beyond.squeeze(2)
+    match_col = k.gather(2, entry_col).squeeze(2)
     keep_tgt = torch.zeros(B, W, dtype=torch.bool, device=dev)
-    if matched_cells:
-        cells = torch.stack(matched_cells, 1)  # (B, steps), -1 = no match at that step
-        hit = cells >= 0
-        ci = torch.where(hit, cells // W, 0)
-        cj = torch.where(hit, cells % W, 0)
-        keep_hyp.scatter_(1, ci, hit)
-        keep_tgt.scatter_(1, cj, hit)
-        keep_hyp[:, 0] = False
-        keep_tgt[:, 0] = False
-    keep_hyp, keep_tgt = keep_hyp[:, 1:], keep_tgt[:, 1:]  # cell i holds token i-1
+    keep_tgt.scatter_(1, torch.where(keep_hyp, match_col, 0), keep_hyp)
+    keep_tgt = keep_tgt[:, 1:]  # column j holds target token j-1
     real_hyp = hyp.ne(pad)
     del_labels = (real_hyp & ~keep_hyp).long()
     # slot of each unmatched target token = number of kept target tokens before it
