@@ -1,0 +1,246 @@
+"""KERMIT (Chan et al. 2019), arch ``kermit`` (+ ``kermit_small``, ``kermit_tiny``); task ``kermit``.
+
+One non-causal Transformer stack reads the concatenated canvas ``<s> x </s> y </s>``; a segment
+embedding (0 up to and including the separating ``</s>``, 1 after it) is added to the token
+embeddings, positions run over the whole canvas.  Slot k (between canvas tokens k and k+1) is the
+linear map of its two neighbours' states, and the output layer (tied to the embeddings) gives a
+distribution over the vocabulary in which ``</s>`` means "nothing more to insert here".  Slots
+before the separator insert into x, the others into y.
+
+Training (raw, not distilled, parallel data): every sentence pair draws one of five modes,
+``--kermit-modes joint:1,x2y:1,y2x:1,x:1,y:1`` (weights): p(x, y) (both sides are random
+subsequences, both generated), p(y | x) (x given whole, y generated), p(x | y), p(x) (y absent) and
+p(y) (x absent).  A generated side keeps a uniformly drawn number of its tokens (a random subset, in
+order, as in the Insertion Transformer); the insertion oracle (``oracles/insertion.py``,
+balanced-binary-tree weights with ``--insertion-tau``, 0 = uniform) gives every slot of a generated
+side its loss; slots of given or absent sides have none.
+
+Decoding (``generators/kermit.py``): translation in either direction from one checkpoint (the side
+named by ``--source-lang`` is given), unconditional generation, and cloze infilling.
+"""
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from fairseq.models import BaseFairseqModel, register_model, register_model_architecture
+from fairseq.models.transformer import base_architecture as transformer_base_architecture
+from fairseq.models.transformer import Embedding
+
+from ...compat import InputError
+from ...modules.attention import add_attention_args
+from ...modules.efficient_encoder import EfficientTransformerEncoder
+from ...oracles.insertion import insertion_oracle
+from .base import SMALL, TINY, arch_defaults, bert_init
+from .edit_ops import delete_tokens
+
+MODES = ("joint", "x2y", "y2x", "x", "y")
+#: (x generated, y generated, x present, y present) per mode
+_MODE_SIDES = {"joint": (1, 1, 1, 1), "x2y": (0, 1, 1, 1), "y2x": (1, 0, 1, 1), "x": (1, 0, 1, 0),
+               "y": (0, 1, 0, 1)}
+
+
+def parse_modes(spec):
+    """``"joint:1,x2y:2"`` -> {mode: weight}; a one-line error names the option."""
+    weights = {}
+    for item in filter(None, (s.strip() for s in str(spec).split(","))):
+        name, _, w = item.partition(":")
+        if name not in MODES:
+            raise InputError(f"--kermit-modes: unknown mode '{name}' (choose from {', '.join(MODES)})")
+        try:
+            weights[name] = float(w) if w else 1.0
+        except ValueError:
+            raise InputError(f"--kermit-modes: weight of '{name}' must be a number, got '{w}'") from None
+        if weights[name] < 0:
+            raise InputError(f"--kermit-modes: weight of '{name}' must be >= 0")
+    if not weights or sum(weights.values()) <= 0:
+        raise InputError(f"--kermit-modes: no mode with a positive weight in '{spec}'")
+    return weights
+
+
+def pair_canvas(x, y, pad, bos):
+    """x (B, Sx), y (B, Sy): right-padded ``content </s>`` (an absent side is just ``</s>``) ->
+    (tokens (B, T) ``<s> x </s> y </s>`` right-padded, seg (B, T) 0/1, sep (B,) index of the middle
+    ``</s>``)."""
+    B = x.size(0)
+    lx, ly = x.ne(pad).sum(1), y.ne(pad).sum(1)
+    width = int((1 + lx + ly).max())
+    out = x.new_full((B, width), pad)
+    out[:, 0] = bos
+    rows = torch.arange(B, device=x.device).unsqueeze(1)
+    px = 1 + torch.arange(x.size(1), device=x.device).unsqueeze(0).expand(B, -1)
+    py = (1 + lx).unsqueeze(1) + torch.arange(y.size(1), device=x.device).unsqueeze(0)
+    out[rows.expand_as(px)[x.ne(pad)], px[x.ne(pad)]] = x[x.ne(pad)]
+    out[rows.expand_as(py)[y.ne(pad)], py[y.ne(pad)]] = y[y.ne(pad)]
+    sep = lx  # <s> + content of x, then its </s>
+    seg = (torch.arange(width, device=x.device).unsqueeze(0) > sep.unsqueeze(1)).long()
+    return out, seg, sep
+
+
+def absent_like(x, pad, eos):
+    """The row ``</s> <pad> ...`` of an absent side, shaped like x."""
+    out = torch.full_like(x, pad)
+    out[:, 0] = eos
+    return out
+
+
+def first_eos(tokens, eos):
+    """(B,) index of the first ``</s>`` of every row (the separator of ``<s> x </s> y </s>``)."""
+    return tokens.eq(eos).long().argmax(1)
+
+
+def segments_of(tokens, eos, pad):
+    """Segment ids of canvases ``<s> x </s> y </s>``: 0 up to the separator, 1 after it."""
+    after = torch.arange(tokens.size(1), device=tokens.device).unsqueeze(0) > first_eos(tokens, eos).unsqueeze(1)
+    return after.long().masked_fill(tokens.eq(pad), 0)
+
+
+@register_model("kermit")
+class KermitModel(BaseFairseqModel):
+    def __init__(self, args, stack, dictionary):
+        super().__init__()
+        self.args = args
+        self.stack = stack
+        self.dictionary = dictionary
+        d = args.encoder_embed_dim
+        self.segment_embed = nn.Embedding(2, d)
+        nn.init.normal_(self.segment_embed.weight, mean=0, std=d ** -0.5)
+        self.slot_proj = nn.Linear(2 * d, d)
+        self.pad, self.bos, self.eos, self.unk = dictionary.pad(), dictionary.bos(), dictionary.eos(), dictionary.unk()
+        from ...tasks.nat_translation import MASK_SYMBOL
+
+        self.mask_idx = dictionary.index(MASK_SYMBOL)
+        self.modes = parse_modes(args.kermit_modes)
+
+    @staticmethod
+    def add_args(parser):
+        parser.add_argument("--encoder-layers", type=int, metavar="N", help="layers of the single stack")
+        parser.add_argument("--encoder-embed-dim", type=int, metavar="N")
+        parser.add_argument("--encoder-ffn-embed-dim", type=int, metavar="N")
+        parser.add_argument("--encoder-attention-heads", type=int, metavar="N")
+        parser.add_argument("--encoder-normalize-before", action="store_true")
+        parser.add_argument("--encoder-learned-pos", action="store_true")
+        parser.add_argument("--dropout", type=float, metavar="D")
+        parser.add_argument("--attention-dropout", type=float, metavar="D")
+        parser.add_argument("--activation-dropout", type=float, metavar="D")
+        parser.add_argument("--max-source-positions", type=int, metavar="N",
+                            help="longest canvas <s> x </s> y </s>")
+        parser.add_argument("--apply-bert-init", action="store_true")
+        parser.add_argument("--kermit-modes", type=str,
+                            help="training modes and weights, e.g. joint:1,x2y:1,y2x:1,x:1,y:1")
+        parser.add_argument("--insertion-tau", type=float,
+                            help="balanced-binary-tree temperature (0: uniform weights over the span)")
+        parser.add_argument("--kermit-x-lang", type=str,
+                            help="language of segment x (default: --source-lang at training)")
+        add_attention_args(parser)
+
+    @classmethod
+    def build_model(cls, args, task):
+        kermit_base(args)
+        d = task.source_dictionary
+        if task.target_dictionary is not None and len(task.target_dictionary) != len(d):
+            raise InputError("kermit: needs one joined dictionary (fairseq-preprocess --joined-dictionary)")
+        if not getattr(args, "kermit_x_lang", None):
+            args.kermit_x_lang = task.cfg.source_lang
+        embed = Embedding(len(d), args.encoder_embed_dim, d.pad())
+        stack = bert_init(args, EfficientTransformerEncoder(args, d, embed))
+        return cls(args, stack, d)
+
+    def max_positions(self):
+        half = (self.stack.max_positions() - 1) // 2  # x and y share the canvas <s> x </s> y </s>
+        return (half, half)
+
+    def max_canvas(self):
+        return self.stack.max_positions()
+
+    def output_layer(self, h):
+        return F.linear(h, self.stack.embed_tokens.weight)
+
+    def forward_slots(self, tokens, seg=None, normalize=False):
+        """tokens (B, T) canvases -> (B, T-1, V) slot logits (``</s>`` = end of slot)."""
+        if seg is None:
+            seg = segments_of(tokens, self.eos, self.pad)
+        if tokens.size(1) > self.max_canvas():
+            raise InputError(f"kermit: canvas of {tokens.size(1)} tokens exceeds --max-source-positions "
+                             f"{self.max_canvas()} (x and y together)")
+        emb = self.stack.embed_tokens(tokens) + self.segment_embed(seg)
+        out = self.stack(tokens, src_lengths=tokens.ne(self.pad).sum(1), token_embeddings=emb)
+        h = out["encoder_out"][0].transpose(0, 1)  # (B, T, D)
+        logits = self.output_layer(self.slot_proj(torch.cat([h[:, :-1], h[:, 1:]], -1)))
+        return F.log_softmax(logits.float(), -1) if normalize else logits
+
+    # ----- training --------------------------------------------------------------------------
+    def sample_modes(self, n, device):
+        names = list(self.modes)
+        w = torch.tensor([self.modes[k] for k in names], dtype=torch.float, device=device)
+        idx = torch.multinomial(w, n, replacement=True)
+        sides = torch.tensor([_MODE_SIDES[k] for k in names], dtype=torch.bool, device=device)[idx]
+        return sides.unbind(1)  # x_gen, y_gen, x_present, y_present: (B,) each
+
+    def training_canvases(self, x, y, modes=None):
+        """Build (full canvas ``<s> x </s> y </s>``, kept mask, x generated (B,), y generated (B,)).
+
+        x, y: dataset rows ``content </s>``.  ``modes``: optional (x_gen, y_gen, x_present, y_present)."""
+        pad, bos, eos = self.pad, self.bos, self.eos
+        x_gen, y_gen, x_on, y_on = modes if modes is not None else self.sample_modes(x.size(0), x.device)
+        x = torch.where(x_on.unsqueeze(1), x, absent_like(x, pad, eos))  # an absent side is just </s>
+        y = torch.where(y_on.unsqueeze(1), y, absent_like(y, pad, eos))
+        full, seg, sep = pair_canvas(x, y, pad, bos)
+        content = full.ne(pad) & full.ne(bos) & full.ne(eos)
+        gen_side = torch.where(seg.bool(), y_gen.unsqueeze(1), x_gen.unsqueeze(1)) & content
+        # every generated side keeps a uniform number (0..n) of its tokens, a random subset in order
+        score = torch.rand(full.shape, device=full.device).masked_fill(~gen_side, 2.0)
+        n_x = (gen_side & ~seg.bool()).sum(1)
+        n_y = (gen_side & seg.bool()).sum(1)
+        keep_x = (torch.rand(n_x.shape, device=full.device) * (n_x + 1).float()).floor().long()
+        keep_y = (torch.rand(n_y.shape, device=full.device) * (n_y + 1).float()).floor().long()
+        # rank of each generated token inside its own side (random order)
+        rank_x = score.masked_fill(seg.bool(), 2.0).argsort(1).argsort(1)
+        rank_y = score.masked_fill(~seg.bool(), 2.0).argsort(1).argsort(1)
+        kept_gen = torch.where(seg.bool(), rank_y < keep_y.unsqueeze(1), rank_x < keep_x.unsqueeze(1))
+        keep = full.ne(pad) & (~gen_side | kept_gen)
+        return full, keep, x_gen, y_gen
+
+    def forward(self, src_tokens, src_lengths, tgt_tokens, modes=None, **unused):
+        loss = self.insertion_loss(*self.training_canvases(src_tokens, tgt_tokens, modes))
+        return {"kermit": {"loss": loss, "nll_loss": loss.detach(), "factor": 1.0}}
+
+    def insertion_loss(self, full, keep, x_gen, y_gen):
+        """Mean over the trained slots (slots of generated sides) of the insertion loss of the canvas
+        ``full[keep]``: oracle-weighted span cross-entropy, or -log p(end of slot) for a complete slot."""
+        canvas = delete_tokens(full, ~keep, self.pad, self.bos, self.eos)
+        tau = self.args.insertion_tau
+        o = insertion_oracle(full, keep, self.pad, tau=tau if tau and tau > 0 else None)
+        lp = self.forward_slots(canvas, normalize=True)  # (B, S, V)
+        B, S = lp.shape[:2]
+        slot = (o.slot - 1).clamp(0, S - 1)  # oracle slot s = canvas slot s-1 (after canvas token s-1)
+        per_pos = lp[torch.arange(B, device=lp.device).unsqueeze(1), slot, full]
+        span_loss = -(o.weight * per_pos).masked_fill(~o.missing, 0.0)
+        slot_loss = torch.zeros(B, S, device=lp.device).scatter_add(1, slot, span_loss)
+        valid = torch.arange(S, device=lp.device).unsqueeze(0) < (canvas.ne(self.pad).sum(1) - 1).unsqueeze(1)
+        done = o.slot_done[:, 1:S + 1] & valid
+        slot_loss = slot_loss + torch.where(done, -lp[..., self.eos], torch.zeros_like(slot_loss))
+        # slot k (after canvas token k) inserts into x when it lies before the separator, else into y
+        slot_y = torch.arange(S, device=lp.device).unsqueeze(0) >= first_eos(canvas, self.eos).unsqueeze(1)
+        trained = valid & torch.where(slot_y, y_gen.unsqueeze(1), x_gen.unsqueeze(1))
+        n = trained.sum().clamp_min(1)
+        return slot_loss.masked_fill(~trained, 0.0).sum() / n
+
+
+@register_model_architecture("kermit", "kermit")
+def kermit_base(args):
+    arch_defaults(args, kermit_modes="joint:1,x2y:1,y2x:1,x:1,y:1", insertion_tau=1.0, dropout=0.3,
+                  apply_bert_init=True, max_source_positions=256, kermit_x_lang=None)
+    transformer_base_architecture(args)
+
+
+@register_model_architecture("kermit", "kermit_small")
+def kermit_small(args):
+    arch_defaults(args, **{k: v for k, v in SMALL.items() if k.startswith("encoder")})
+    arch_defaults(args, encoder_layers=6)
+    kermit_base(args)
+
+
+@register_model_architecture("kermit", "kermit_tiny")
+def kermit_tiny(args):
+    arch_defaults(args, **{k: v for k, v in TINY.items() if not k.startswith("decoder")})
+    kermit_base(args)
