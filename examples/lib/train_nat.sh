@@ -16,11 +16,14 @@ MAX_UPDATE="${MAX_UPDATE:-3000}"; SEED="${SEED:-1}"; THREADS="${THREADS:-2}"
 SAVE_INTERVAL_UPDATES="${SAVE_INTERVAL_UPDATES:-200}"; AVG="${AVG:-5}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$THREADS}"
 mkdir -p "$SAVE_DIR"
+# ENCODER_ONLY=1 (single-stack models such as kermit): no decoder sizes, embeddings are one table anyway
+SIZE=(--encoder-layers "$LAYERS" --encoder-embed-dim "$DIM" --encoder-ffn-embed-dim "$FFN" --encoder-attention-heads "$HEADS")
+if [[ "${ENCODER_ONLY:-0}" != 1 ]]; then
+  SIZE+=(--share-all-embeddings --decoder-layers "$LAYERS" --decoder-embed-dim "$DIM" --decoder-ffn-embed-dim "$FFN"
+         --decoder-attention-heads "$HEADS")
+fi
 ARGS=("$DATA_BIN" --user-dir "$USER_DIR" "${SYS[@]}" ${NAT_EXTRA[@]+"${NAT_EXTRA[@]}"} \
-  --share-all-embeddings --apply-bert-init \
-  --encoder-layers "$LAYERS" --decoder-layers "$LAYERS" --encoder-embed-dim "$DIM" --decoder-embed-dim "$DIM" \
-  --encoder-ffn-embed-dim "$FFN" --decoder-ffn-embed-dim "$FFN" \
-  --encoder-attention-heads "$HEADS" --decoder-attention-heads "$HEADS" --dropout "$DROPOUT" \
+  --apply-bert-init "${SIZE[@]}" --dropout "$DROPOUT" \
   --label-smoothing "$LABEL_SMOOTHING" --optimizer adam --adam-betas '(0.9,0.98)' --lr "$LR" \
   --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" --weight-decay 0.01 --clip-norm 5.0 \
   --max-tokens "$MAX_TOKENS" --max-update "$MAX_UPDATE" --seed "$SEED" --num-workers 0 \

@@ -1,0 +1,37 @@
+"""The NAT training recipes (examples/train_*.sh, sharing examples/lib/train_nat.sh) run on a tiny
+corpus with tiny sizes, print the checkpoint they made, and a rerun resumes instead of restarting."""
+import os
+import subprocess
+
+import pytest
+
+from conftest import ROOT, cli_env
+
+RECIPES = [
+    ("train_mask_predict.sh", {}),
+    ("train_mask_predict.sh", {"IMPL": "fairseq"}),
+    ("train_levenshtein.sh", {}),
+    ("train_kermit.sh", {"SRC": "src", "TGT": "tgt"}),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe,env", RECIPES, ids=[r + "-" + "-".join(e.values()) for r, e in RECIPES])
+def test_recipe_trains_and_resumes(toy_databin, tmp_path, recipe, env):
+    data_bin, _ = toy_databin
+    save = tmp_path / "run"
+    e = cli_env()
+    e.update(env, LAYERS="1", DIM="32", FFN="64", HEADS="2", MAX_TOKENS="600", MAX_UPDATE="2", AVG="0",
+             WARMUP="1", SAVE_INTERVAL_UPDATES="1", THREADS="1")
+    cmd = ["bash", os.path.join(ROOT, "examples", recipe), data_bin, str(save)]
+    if recipe != "train_kermit.sh":
+        cmd += ["-s", "src", "-t", "tgt"]
+    p = subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert p.stdout.strip().splitlines()[-1] == str(save / "checkpoint_last.pt")
+    assert (save / "checkpoint_last.pt").exists()
+    e["MAX_UPDATE"] = "3"
+    p = subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    log = (save / "train.log").read_text()
+    assert "Loaded checkpoint" in log and "num_updates 3" in log.replace("num_updates=", "num_updates ")
