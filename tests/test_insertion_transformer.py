@@ -70,6 +70,40 @@ def test_decoding_inserts_in_parallel_and_stops(model_task):
         assert len(h["tokens"]) <= 1 + (2 ** 4 - 1), "at most one token per slot per round"
 
 
+def test_uniform_loss_option_equals_tau_zero(model_task):
+    model, task = model_task
+    s = batch(task)
+    src, lens = s["net_input"]["src_tokens"], s["net_input"]["src_lengths"]
+    losses = []
+    for loss_kind, tau in (("uniform", 1.0), ("binary_tree", 0.0), ("binary_tree", 1.0)):
+        model.args.insertion_loss, model.args.insertion_tau = loss_kind, tau
+        torch.manual_seed(0)
+        canvas = model.inject_noise(s["target"])
+        losses.append(float(model(src, lens, canvas, s["target"])["insertion"]["loss"]))
+    model.args.insertion_loss, model.args.insertion_tau = "binary_tree", 1.0
+    assert losses[0] == pytest.approx(losses[1], abs=1e-6)
+    assert losses[0] != pytest.approx(losses[2], abs=1e-4), "the binary tree weights differ from uniform"
+
+
+def test_sequential_decoding_inserts_one_token_per_round(model_task):
+    model, task = model_task
+    from types import SimpleNamespace
+
+    from fairseq_nat_ext.generators.edit import InsertionGenerator
+
+    gen = InsertionGenerator([model], task.target_dictionary, max_iter=4, placeholder_penalty=50.0,
+                             retain_history=True)
+    gen.configure(SimpleNamespace(insertion_decoding="sequential"))
+    assert gen.max_iter >= model.decoder.max_positions()
+    for (h,) in gen.generate([model], batch(task, 3)):
+        sizes = [len(x) for x in h["history"]]
+        assert all(b - a == 1 for a, b in zip([1] + sizes, sizes)), sizes
+        assert len(sizes) > 4, "the end-of-slot penalty forces insertions past --iter-decode-max-iter"
+        assert len(h["tokens"]) - 1 == len(sizes), "one round per inserted token"
+    with pytest.raises(ValueError, match="--insertion-decoding"):
+        gen.configure(SimpleNamespace(insertion_decoding="beam"))
+
+
 @pytest.mark.slow
 def test_cli_train_then_generate(toy_databin, tmp_path):
     proc = train_then_generate(toy_databin[0], tmp_path / "ck",

@@ -8,7 +8,7 @@
 """
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from fairseq.tasks import register_task
@@ -23,7 +23,11 @@ MASK_SYMBOL = "<mask>"
 
 @dataclass
 class NATTranslationConfig(TranslationConfig):
-    pass
+    insertion_decoding: str = field(
+        default="parallel",
+        metadata={"help": "Insertion Transformer decoding: parallel (every slot at once) or sequential "
+                          "(greedy, one token per step)"},
+    )
 
 
 @register_task("nat_translation", dataclass=NATTranslationConfig)
@@ -74,7 +78,10 @@ class NATTranslationTask(TranslationTask):
                     "nat_translation: --path ensembles must hold models of one arch; got "
                     + ", ".join(type(x).__name__ for x in models)
                 )
-        return gen_cls.from_generation_args(models, self.target_dictionary, args)
+        gen = gen_cls.from_generation_args(models, self.target_dictionary, args)
+        if hasattr(gen, "configure"):
+            gen.configure(self.cfg)  # generator options that live in the task's config
+        return gen
 
     def _noisy(self, sample, model):
         noise = getattr(model, "inject_noise", None)

@@ -5,8 +5,8 @@ represented by a linear map of the concatenated neighbour states, and the output
 slot, a distribution over the vocabulary in which ``</s>`` means "nothing more to insert here"
 (the end-of-slot label).  Training: the canvas is a random subsequence of the target (fairseq's
 random deletion noise); the loss of every slot is the oracle's (``fairseq_nat_ext.oracles.insertion``)
-weighted cross-entropy over its missing span -- balanced binary tree weights with temperature
-``--insertion-tau`` (``--insertion-tau 0`` = uniform) -- or the end-of-slot label when the span is
+weighted cross-entropy over its missing span -- ``--insertion-loss binary_tree`` (temperature
+``--insertion-tau``) or ``uniform`` -- or the end-of-slot label when the span is
 empty; slot losses are averaged.  Decoding (``generators/edit.py``) inserts the argmax token in
 every slot whose argmax is not end-of-slot, in parallel, until no slot inserts.
 """
@@ -56,8 +56,14 @@ class InsertionModel(EditNATModel):
     @staticmethod
     def add_args(parser):
         EditNATModel.add_args(parser)
+        parser.add_argument("--insertion-loss", choices=["binary_tree", "uniform"],
+                            help="span weights of the slot loss: balanced binary tree (softmax of -distance "
+                                 "to the span centre / tau) or uniform")
         parser.add_argument("--insertion-tau", type=float,
-                            help="balanced-binary-tree temperature (0: uniform weights over the span)")
+                            help="balanced-binary-tree temperature (0 also means uniform)")
+
+    def span_tau(self):
+        return span_tau(self.args)
 
     def forward(self, src_tokens, src_lengths, prev_output_tokens, tgt_tokens, **kwargs):
         pad = self.pad
@@ -66,8 +72,7 @@ class InsertionModel(EditNATModel):
         enc = self.encoder(src_tokens, src_lengths=src_lengths)
         # which target tokens are on the canvas: the oracle's alignment (a subsequence keeps all)
         keep = levenshtein_oracle(canvas, tgt, pad, self.mask_idx).keep_tgt
-        tau = self.args.insertion_tau
-        o = insertion_oracle(tgt, keep, pad, tau=tau if tau and tau > 0 else None)
+        o = insertion_oracle(tgt, keep, pad, tau=self.span_tau())
         lp = self.decoder.forward_slots(canvas, enc, normalize=True).float()  # (B, S, V)
         S = lp.size(1)
         # slot s of the oracle is "before kept token s": canvas slot k (after token k) = oracle slot k+1
@@ -83,9 +88,17 @@ class InsertionModel(EditNATModel):
         return {"insertion": {"loss": loss, "nll_loss": loss.detach(), "factor": 1.0}}
 
 
+def span_tau(args):
+    """The oracle's tau: None (uniform) for --insertion-loss uniform or --insertion-tau 0."""
+    tau = getattr(args, "insertion_tau", 1.0)
+    if getattr(args, "insertion_loss", "binary_tree") == "uniform" or not tau or tau <= 0:
+        return None
+    return tau
+
+
 @register_model_architecture("insertion", "insertion")
 def insertion_base(args):
-    arch_defaults(args, insertion_tau=1.0, share_all_embeddings=True, dropout=0.3, apply_bert_init=True)
+    arch_defaults(args, insertion_loss="binary_tree", insertion_tau=1.0, share_all_embeddings=True, dropout=0.3, apply_bert_init=True)
     transformer_base_architecture(args)
 
 

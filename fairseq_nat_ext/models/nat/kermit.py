@@ -32,6 +32,7 @@ from ...modules.efficient_encoder import EfficientTransformerEncoder
 from ...oracles.insertion import insertion_oracle
 from .base import SMALL, TINY, arch_defaults, bert_init
 from .edit_ops import delete_tokens
+from .insertion import span_tau
 
 MODES = ("joint", "x2y", "y2x", "x", "y")
 #: (x generated, y generated, x present, y present) per mode
@@ -127,8 +128,10 @@ class KermitModel(BaseFairseqModel):
         parser.add_argument("--apply-bert-init", action="store_true")
         parser.add_argument("--kermit-modes", type=str,
                             help="training modes and weights, e.g. joint:1,x2y:1,y2x:1,x:1,y:1")
+        parser.add_argument("--insertion-loss", choices=["binary_tree", "uniform"],
+                            help="span weights of the slot loss (as the Insertion Transformer's)")
         parser.add_argument("--insertion-tau", type=float,
-                            help="balanced-binary-tree temperature (0: uniform weights over the span)")
+                            help="balanced-binary-tree temperature (0 also means uniform)")
         parser.add_argument("--kermit-x-lang", type=str,
                             help="language of segment x (default: --source-lang at training)")
         add_attention_args(parser)
@@ -208,8 +211,7 @@ class KermitModel(BaseFairseqModel):
         """Mean over the trained slots (slots of generated sides) of the insertion loss of the canvas
         ``full[keep]``: oracle-weighted span cross-entropy, or -log p(end of slot) for a complete slot."""
         canvas = delete_tokens(full, ~keep, self.pad, self.bos, self.eos)
-        tau = self.args.insertion_tau
-        o = insertion_oracle(full, keep, self.pad, tau=tau if tau and tau > 0 else None)
+        o = insertion_oracle(full, keep, self.pad, tau=span_tau(self.args))
         lp = self.forward_slots(canvas, normalize=True)  # (B, S, V)
         B, S = lp.shape[:2]
         slot = (o.slot - 1).clamp(0, S - 1)  # oracle slot s = canvas slot s-1 (after canvas token s-1)
@@ -228,7 +230,7 @@ class KermitModel(BaseFairseqModel):
 
 @register_model_architecture("kermit", "kermit")
 def kermit_base(args):
-    arch_defaults(args, kermit_modes="joint:1,x2y:1,y2x:1,x:1,y:1", insertion_tau=1.0, dropout=0.3,
+    arch_defaults(args, kermit_modes="joint:1,x2y:1,y2x:1,x:1,y:1", insertion_loss="binary_tree", insertion_tau=1.0, dropout=0.3,
                   apply_bert_init=True, max_source_positions=256, kermit_x_lang=None)
     transformer_base_architecture(args)
 
