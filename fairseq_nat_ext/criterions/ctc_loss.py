@@ -18,9 +18,14 @@ from .nat_base import NATLossBase, NATLossConfig
 COUNT_KEYS = ("ctc_filtered", "ctc_pairs")
 
 
+def upcast(x):
+    """float16/bfloat16 -> float32; float32/64 unchanged."""
+    return x if x.dtype in (torch.float32, torch.float64) else x.float()
+
+
 def ctc_nll(lprobs, input_lengths, targets, target_lengths, blank):
     """Summed CTC negative log-likelihood of the rows.  lprobs (B, T, V) log-probs."""
-    return F.ctc_loss(lprobs.transpose(0, 1).float(), targets, input_lengths, target_lengths,
+    return F.ctc_loss(upcast(lprobs).transpose(0, 1), targets, input_lengths, target_lengths,
                       blank=blank, reduction="sum", zero_infinity=False)
 
 

@@ -10,11 +10,12 @@ masked positions.  Infeasible pairs are left out and counted as in ``ctc_nat_los
 """
 from dataclasses import dataclass, field
 
+import torch
 from fairseq.criterions import register_criterion
 from fairseq.dataclass import ChoiceEnum
 
 from ..oracles.ctc_alignment import restrict_to_observed
-from .ctc_loss import CTCLossBase, ctc_nll, smoothing_term
+from .ctc_loss import CTCLossBase, ctc_nll, smoothing_term, upcast
 from .nat_base import NATLossConfig, label_smoothed_nll
 
 IMPUTER_LOSSES = ChoiceEnum(["marginal", "best_alignment"])
@@ -31,7 +32,8 @@ class ImputerLossConfig(NATLossConfig):
 
 def imputer_marginal_nll(lprobs, alignment, masked, input_lengths, targets, target_lengths, blank):
     """Summed -log sum_{a consistent} prod_{masked t} p(a_t) of the rows (see the module doc)."""
-    restricted = restrict_to_observed(lprobs.float(), alignment, ~masked)
+    inside = torch.arange(lprobs.size(1), device=lprobs.device).unsqueeze(0) < input_lengths.unsqueeze(1)
+    restricted = restrict_to_observed(upcast(lprobs), alignment, inside & ~masked)
     return ctc_nll(restricted, input_lengths, targets, target_lengths, blank)
 
 

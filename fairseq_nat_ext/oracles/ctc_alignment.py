@@ -145,12 +145,13 @@ def alignment_token_scores(position_scores: Tensor, alignment: Tensor, lengths: 
 def restrict_to_observed(lprobs: Tensor, alignment: Tensor, observed: Tensor, neg: float = -1e4):
     """The lattice of the alignments that agree with ``alignment`` where ``observed``.
 
-    lprobs (B, T, V), alignment (B, T), observed bool (B, T) -> (B, T, V) with, at observed
+    lprobs (B, T, V), alignment (B, T) (ids < V where observed), observed bool (B, T) -> (B, T, V) with, at observed
     positions, 0 for the observed token and ``neg`` elsewhere (a constant: no gradient reaches the
     model there).  CTC over the result sums, over the alignments that spell the target *and* agree
     with the observation, the product of the model's probabilities at the unobserved positions.
     ``neg`` is finite (exp underflows to exactly 0 in float16/32/64) so that no -inf - -inf = NaN
     appears in torch's CTC backward."""
     fixed = torch.full_like(lprobs, neg)
-    fixed.scatter_(2, alignment.unsqueeze(-1), 0.0)
+    index = torch.where(observed, alignment, torch.zeros_like(alignment))  # padding may be any id
+    fixed.scatter_(2, index.unsqueeze(-1), 0.0)
     return torch.where(observed.unsqueeze(-1), fixed, lprobs)

@@ -50,7 +50,7 @@ def front_align(states, pad_mask):
     B, n, _ = states.shape
     if pad_mask is None:
         return states, torch.full((B,), n, dtype=torch.long, device=states.device)
-    order = pad_mask.long().argsort(1, stable=True)  # real positions first, original order kept
+    order = pad_mask.long().argsort(dim=1, stable=True)  # real positions first, original order kept
     states = states.gather(1, order.unsqueeze(-1).expand_as(states))
     return states, (~pad_mask).sum(1)
 
