@@ -115,3 +115,70 @@ def test_filtered_counts_are_summed_in_the_logs():
         CTCNATLoss.reduce_metrics(logs[:1])
     vals = agg.get_smoothed_values()
     assert vals["ctc_filtered"] == 5 and vals["ctc_pairs"] == 27
+
+
+@pytest.mark.parametrize("ratio", ["0", "-1"])
+def test_bad_upsample_ratio_is_a_one_line_input_error(toy_databin, ratio):
+    from fairseq_nat_ext.compat import InputError
+
+    with pytest.raises(InputError, match="--upsample-ratio must be an integer >= 1") as err:
+        build_model_and_task(toy_databin[0], ARCH + ["--upsample-ratio", ratio])
+    assert "\n" not in str(err.value)
+
+
+def test_greedy_generator_matches_the_model_argmax(built):
+    from fairseq_nat_ext.generators.ctc import CTCGenerator, ctc_greedy
+
+    task, model, _ = built
+    pad, eos = task.source_dictionary.pad(), task.source_dictionary.eos()
+    src = _left_pad([[5, 6, 7, eos], [8, 9, eos]], pad)
+    sample = {"net_input": {"src_tokens": src, "src_lengths": src.ne(pad).sum(1)}}
+    gen = CTCGenerator([model], task.target_dictionary, beam=1)
+    hyps = gen.generate([model], sample)
+    with torch.no_grad():
+        lp = model.decoder(model.encoder(src, src_lengths=src.ne(pad).sum(1)), normalize=True)
+    lp[..., gen.forbidden] = float("-inf")
+    toks, n, align, pos = ctc_greedy(lp, torch.tensor([8, 6]), model.blank_idx, pad)
+    for b in range(2):
+        h = hyps[b][0]
+        assert h["tokens"].tolist() == toks[b, : int(n[b])].tolist() + [eos]
+        assert math.isclose(h["positional_scores"].sum().item(), pos[b].sum().item(), rel_tol=1e-5)
+        assert h["steps"] == 1 and len(h["positional_scores"]) == len(h["tokens"])
+    # an ensemble of a model with itself decodes like the model
+    twice = CTCGenerator([model, model], task.target_dictionary, beam=3).generate([model, model], sample)
+    once = CTCGenerator([model], task.target_dictionary, beam=3).generate([model], sample)
+    assert [h[0]["tokens"].tolist() for h in twice] == [h[0]["tokens"].tolist() for h in once]
+
+
+def test_decoding_strings_reach_the_ctc_and_imputer_generators(toy_databin, built):
+    from fairseq_nat_ext.benchmark import decoding as dec
+    from fairseq_nat_ext.generators.ctc import CTCGenerator
+    from fairseq_nat_ext.generators.imputer import ImputerGenerator
+
+    task, model, _ = built
+    assert dec.canonical_decoding("block=4") == "block=4"
+    with pytest.raises(ValueError, match="both iter and block"):
+        dec.parse_decoding("iter=4,block=4")
+    g = task.build_generator([model], dec.generation_options(dec.parse_decoding("beam=5")))
+    assert isinstance(g, CTCGenerator) and g.beam == 5 and g.decoding_keys == ("beam",)
+    assert task.build_generator([model], dec.generation_options({"beam": 1})).beam == 1
+    task2, imp, _ = build_model_and_task(toy_databin[0], ["--arch", "imputer_tiny", "--criterion", "imputer_loss"])
+    g = task2.build_generator([imp], dec.generation_options(dec.parse_decoding("block=4")))
+    assert isinstance(g, ImputerGenerator) and g.block == 4 and g.decoding_keys == ("block",)
+
+
+def test_filtered_pair_count_of_a_data_split(toy_databin, built):
+    from fairseq_nat_ext.benchmark.ctc_filtered import count_infeasible
+
+    task, _, _ = built
+    task.load_dataset("train")
+    ds = task.dataset("train")
+    d = task.target_dictionary
+    for ratio in (1, 2):
+        slow = 0
+        for i in range(len(ds)):
+            tgt = ds.tgt[i].tolist()[:-1]  # without </s>
+            need = len(tgt) + sum(1 for j in range(1, len(tgt)) if tgt[j] == tgt[j - 1])
+            slow += int(ratio * int(ds.src_sizes[i]) < need)
+        assert count_infeasible(ds, ratio, d.pad(), d.eos()) == (slow, len(ds))
+    assert count_infeasible(ds, 1, d.pad(), d.eos())[0] > 0, "the toy data has infeasible pairs at ratio 1"
