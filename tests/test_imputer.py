@@ -188,3 +188,13 @@ def test_imputer_training_step_both_losses(imputer, toy_databin):
         grads = [p.grad for p in model.parameters() if p.grad is not None]
         assert grads and all(torch.isfinite(g_).all() for g_ in grads)
     model.eval()
+
+
+def test_an_imputer_ensembled_with_itself_decodes_like_itself(imputer):
+    task, model, _ = imputer
+    sample = _batch(task, [[5, 6, 7, 8], [9, 10]])
+    one = ImputerGenerator([model], task.target_dictionary, block=2).generate([model], sample)
+    two = ImputerGenerator([model, model], task.target_dictionary, block=2).generate([model, model], sample)
+    for a, b in zip(one, two):
+        assert a[0]["tokens"].tolist() == b[0]["tokens"].tolist()
+        assert torch.allclose(a[0]["positional_scores"], b[0]["positional_scores"], atol=1e-5)

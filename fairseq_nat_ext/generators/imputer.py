@@ -16,6 +16,8 @@ among the output tokens as in CTC greedy), alignment=None, steps (decoder passes
 ``<blank>`` visible).  ``--path a.pt:b.pt`` averages the models' probabilities.  fairseq-generate's
 ``--beam`` is not used.
 """
+import math
+
 import torch
 
 from ..oracles.ctc_alignment import alignment_token_scores, ctc_collapse
@@ -108,8 +110,7 @@ class ImputerGenerator(CTCGenerator):
     def _lprobs(self, models, encs, ups, alignment, masked):
         outs = [m.decoder(e, alignment=alignment, normalize=True, select=masked, upsampled=u)
                 for m, e, u in zip(models, encs, ups)]
-        lp = outs[0] if len(outs) == 1 else (
-            torch.logsumexp(torch.stack(outs), 0) - torch.log(torch.tensor(float(len(outs)))))
+        lp = outs[0] if len(outs) == 1 else torch.logsumexp(torch.stack(outs), 0) - math.log(len(outs))
         lp = lp.float()
         lp[..., self.forbidden] = NEG_INF
         return lp

@@ -23,6 +23,7 @@ Decoding (``generators/imputer.py``): block size B = ``--iter-decode-max-iter``;
 the most confident masked position of every block, so decoding takes exactly B steps.
 """
 import os
+import weakref
 
 import torch
 from fairseq.models import register_model, register_model_architecture
@@ -56,7 +57,9 @@ class ImputerModel(CTCNATModel):
         if block is None or block < 1:
             raise InputError(f"imputer: --imputer-train-block-size must be >= 1, got {block}")
         model = super().build_model(args, task)
-        model._task = task  # to load --imputer-ctc-path with the same dictionaries (not saved)
+        # to load --imputer-ctc-path with the same dictionaries; a weak reference: not saved, and a
+        # deepcopy of the model (--ema) does not copy the task
+        model._task = weakref.ref(task)
         model._ctc_teacher = None
         return model
 
@@ -99,7 +102,11 @@ class ImputerModel(CTCNATModel):
                 raise InputError(f"imputer: --imputer-ctc-path {path}: no such file")
             from fairseq import checkpoint_utils
 
-            models, _ = checkpoint_utils.load_model_ensemble([path], task=self._task)
+            task = self._task()
+            if task is None:
+                raise RuntimeError("imputer: the task that built this model is gone; cannot load "
+                                   "--imputer-ctc-path")
+            models, _ = checkpoint_utils.load_model_ensemble([path], task=task)
             teacher = models[0]
             if not isinstance(teacher, CTCNATModel):
                 raise InputError(f"imputer: --imputer-ctc-path {path} holds a {type(teacher).__name__}, "
