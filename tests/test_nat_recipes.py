@@ -12,6 +12,8 @@ RECIPES = [
     ("train_mask_predict.sh", {"IMPL": "fairseq"}),
     ("train_levenshtein.sh", {}),
     ("train_kermit.sh", {"SRC": "src", "TGT": "tgt"}),
+    ("train_ctc.sh", {}),
+    ("train_imputer.sh", {}),
 ]
 
 

@@ -11,6 +11,7 @@ One concept per module:
 * :mod:`.tables`      Markdown tables from results files, README marker replacement (CLI)
 * :mod:`.plot`        BLEU vs latency scatter per benchmark
 * :mod:`.run`         the CLI that benchmarks one system (``python -m fairseq_nat_ext.benchmark.run``)
+* :mod:`.ctc_filtered` training pairs a CTC checkpoint cannot align (reported in the results' data)
 
 Only :mod:`.inference`, :mod:`.timing` and :mod:`.run` use torch / fairseq themselves (importing the
 plugin package still imports fairseq to register its components).

@@ -14,7 +14,12 @@ key             fairseq option                   type     used by
 ``len_beam``    ``--iter-decode-with-beam``      int      iterative (NAT) decoding: length beam
 ``force_iter``  ``--iter-decode-force-max-iter`` bool     iterative (NAT) decoding: no early stop
 ``eos_penalty`` ``--iter-decode-eos-penalty``    float    fairseq's IterativeRefinementGenerator
+``block``       ``--iter-decode-max-iter``       int      Imputer: block size B = decoding steps
 ==============  ===============================  =======  ==========================================
+
+``block`` and ``iter`` name the same fairseq option (the Imputer takes exactly B steps), so a string
+gives at most one of them.  ``beam`` is also CTC prefix beam search (``ctc_nat``; ``beam=1`` greedy).
+A generator may declare the keys it reads (``decoding_keys``); the harness then refuses the others.
 
 :func:`format_decoding` writes the canonical form: keys in the order of the table, integers (and
 integral floats) without a decimal point, booleans as ``1``/``0``.  ``parse_decoding`` followed by
@@ -34,6 +39,7 @@ KEYS = {
     "len_beam": ("iter_decode_with_beam", int, "nat"),
     "force_iter": ("iter_decode_force_max_iter", bool, "nat"),
     "eos_penalty": ("iter_decode_eos_penalty", float, "nat"),
+    "block": ("iter_decode_max_iter", int, "nat"),
 }
 _PAIR_RE = re.compile(r"^([a-z_]+)=([^,=\s]+)$")
 _TRUE, _FALSE = {"1", "true", "yes"}, {"0", "false", "no"}
@@ -78,6 +84,8 @@ def parse_decoding(text):
         if key in out:
             raise ValueError(f"decoding: {key!r} given twice in {text!r}")
         out[key] = _parse_value(key, value)
+    if "iter" in out and "block" in out:
+        raise ValueError(f"decoding: {text!r} gives both iter and block (the same fairseq option)")
     return out
 
 

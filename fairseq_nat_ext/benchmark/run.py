@@ -230,13 +230,22 @@ def benchmark_system(args, refs, tok_refs, save_row):
     for d in args.decoding:
         options = dec.parse_decoding(d)
         generator = task.build_generator(models, dec.generation_options(options))
-        kind = "ar" if inf.is_autoregressive(generator) else "nat"
-        wrong = dec.decoding_kinds(options) - {kind}
-        if wrong:
-            raise SystemExit(
-                f"error: decoding {d} sets {'autoregressive' if 'ar' in wrong else 'iterative'} "
-                f"options but {name} uses {type(generator).__name__}"
-            )
+        accepted = getattr(generator, "decoding_keys", None)
+        if accepted is not None:  # the generator says which keys it reads (e.g. CTC: beam)
+            unused = sorted(set(options) - set(accepted))
+            if unused:
+                raise SystemExit(
+                    f"error: decoding {d}: {type(generator).__name__} of {name} does not read "
+                    f"{', '.join(unused)} (it reads {', '.join(accepted)})"
+                )
+        else:
+            kind = "ar" if inf.is_autoregressive(generator) else "nat"
+            wrong = dec.decoding_kinds(options) - {kind}
+            if wrong:
+                raise SystemExit(
+                    f"error: decoding {d} sets {'autoregressive' if 'ar' in wrong else 'iterative'} "
+                    f"options but {name} uses {type(generator).__name__}"
+                )
         _warn_if_busy()
         with torch.no_grad():
             inf.decode(task, generator, models, warm, cuda)

@@ -4,7 +4,8 @@
 either ``{"out": logits (..., V), "tgt": (...), "mask": bool (...) or None, "factor": w}`` (a
 label-smoothed cross-entropy over the selected positions, averaged over them) or a precomputed
 ``{"loss": scalar, "nll_loss": scalar, "factor": w}``.  Like fairseq's NAT criterion the total is a
-weighted sum of per-part means with ``sample_size = 1``.
+weighted sum of per-part means with ``sample_size = 1``.  A subclass' ``part_loss`` may return a third
+element, a dict of extra logging values (e.g. counts, summed by its ``reduce_metrics``).
 """
 import math
 from dataclasses import dataclass, field
@@ -72,7 +73,9 @@ class NATLossBase(FairseqCriterion):
         total, total_nll = 0.0, 0.0
         log = {}
         for name, part in outputs.items():
-            loss, nll = self.part_loss(name, part)
+            loss, nll, *extra = self.part_loss(name, part)
+            if extra:
+                log.update(extra[0])
             factor = part.get("factor", 1.0)
             total = total + factor * loss
             total_nll = total_nll + factor * nll

@@ -1,6 +1,7 @@
 """Task ``nat_translation``: fairseq's translation task for non-autoregressive models.
 
-* The target dictionary gains a ``<mask>`` symbol (NAT decoders read masked targets).
+* The target dictionary gains a ``<mask>`` symbol (NAT decoders read masked targets); the CTC archs
+  append ``<blank>`` themselves when they are built (``models/nat/ctc_nat.py``).
 * During training and validation the model's own ``inject_noise`` builds the decoder input from the
   target (``sample["prev_target"]``): each arch owns its corruption (random masking for Mask-Predict).
 * ``build_generator`` returns the generator named by the model (``model.generator_class``); fairseq's
@@ -19,6 +20,9 @@ from ..compat import InputError
 logger = logging.getLogger(__name__)
 
 MASK_SYMBOL = "<mask>"
+#: CTC's blank; appended by the CTC archs (ctc_nat, imputer) when they are built, not by the task, so
+#: other archs' dictionaries (and checkpoints) keep their size
+BLANK_SYMBOL = "<blank>"
 
 
 @dataclass
