@@ -102,9 +102,21 @@ def test_decoding_parse_and_format():
     assert dec.decoding_kinds({"iter": 4, "len_beam": 3}) == {"nat"}
 
 
+def test_descriptive_and_task_keys():
+    opts = dec.parse_decoding("loss=binary_tree,iter=10,order=sequential,dir=de-en")
+    assert dec.format_decoding(opts) == "iter=10,order=sequential,dir=de-en,loss=binary_tree"
+    gen, task, info = dec.split_options(opts)
+    assert gen == {"iter": 10} and task == {"insertion_decoding": "sequential"}
+    assert info == {"dir": "de-en", "loss": "binary_tree"}
+    assert dec.decoding_kinds(opts) == {"nat"}
+    ns = dec.generation_options(opts)
+    assert ns.iter_decode_max_iter == 10 and not hasattr(ns, "dir")
+
+
 @pytest.mark.parametrize(
     "bad", ["", "beam", "beam=5 ", "beam=5,,iter=2", "beam=0", "beam=2.5", "foo=1",
-            "beam=5,beam=4", "iter=10, len_beam=3", "force_iter=maybe", "lenpen=nan"],
+            "beam=5,beam=4", "iter=10, len_beam=3", "force_iter=maybe", "lenpen=nan", "dir=en/de",
+            "loss=1x"],
 )
 def test_decoding_rejects(bad):
     with pytest.raises(ValueError):
@@ -352,3 +364,21 @@ def test_end_to_end_teacher_beam1(tmp_path):
     refs = scoring.read_lines(tmp_path / "raw.de")
     assert row["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score, abs=1e-3)
     assert (tmp_path / "results" / "e2e.png").is_file()
+
+
+def test_descriptive_keys_are_checked_against_the_run():
+    from types import SimpleNamespace
+
+    from fairseq_nat_ext.benchmark.run import _check_info
+
+    run = SimpleNamespace(src_lang="de", tgt_lang="en")
+    model = SimpleNamespace(args=SimpleNamespace(insertion_loss="binary_tree", insertion_tau=1.0))
+    _check_info({"dir": "de-en", "loss": "binary_tree"}, run, model, "d")
+    with pytest.raises(SystemExit, match="dir=en-de but the run decodes de-en"):
+        _check_info({"dir": "en-de"}, run, model, "d")
+    with pytest.raises(SystemExit, match="loss=uniform but the checkpoint was trained with --insertion-loss binary_tree"):
+        _check_info({"loss": "uniform"}, run, model, "d")
+    model.args.insertion_tau = 0.0
+    _check_info({"loss": "uniform"}, run, model, "d")
+    with pytest.raises(SystemExit, match="has none"):
+        _check_info({"loss": "uniform"}, run, SimpleNamespace(args=SimpleNamespace()), "d")

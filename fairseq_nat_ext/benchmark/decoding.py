@@ -15,7 +15,13 @@ key             fairseq option                   type     used by
 ``force_iter``  ``--iter-decode-force-max-iter`` bool     iterative (NAT) decoding: no early stop
 ``eos_penalty`` ``--iter-decode-eos-penalty``    float    fairseq's IterativeRefinementGenerator
 ``block``       ``--iter-decode-max-iter``       int      Imputer: block size B = decoding steps
+``order``       task ``--insertion-decoding``    str      Insertion Transformer: parallel/sequential
+``dir``         (checked: ``SRC-TGT``)           str      a model that translates both ways (KERMIT)
+``loss``        (checked: the checkpoint's)      str      which training loss the row's model used
 ==============  ===============================  =======  ==========================================
+
+``dir`` and ``loss`` set nothing: they name the row and the harness checks them against the run
+(``--src-lang``/``--tgt-lang``; the checkpoint's ``--insertion-loss``).
 
 ``block`` and ``iter`` name the same fairseq option (the Imputer takes exactly B steps), so a string
 gives at most one of them.  ``beam`` is also CTC prefix beam search (``ctc_nat``; ``beam=1`` greedy).
@@ -40,13 +46,21 @@ KEYS = {
     "force_iter": ("iter_decode_force_max_iter", bool, "nat"),
     "eos_penalty": ("iter_decode_eos_penalty", float, "nat"),
     "block": ("iter_decode_max_iter", int, "nat"),
+    "order": ("insertion_decoding", str, "task"),
+    "dir": (None, str, "info"),
+    "loss": (None, str, "info"),
 }
+_WORD_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
 _PAIR_RE = re.compile(r"^([a-z_]+)=([^,=\s]+)$")
 _TRUE, _FALSE = {"1", "true", "yes"}, {"0", "false", "no"}
 
 
 def _parse_value(key, text):
     _, typ, _ = KEYS[key]
+    if typ is str:
+        if not _WORD_RE.match(text):
+            raise ValueError(f"decoding: {key}={text}: expected a word (letters, digits, - and _)")
+        return text
     if typ is bool:
         low = text.lower()
         if low in _TRUE:
@@ -120,7 +134,15 @@ def is_canonical_decoding(text):
 
 def decoding_kinds(options):
     """The set of generator kinds (``"ar"``, ``"nat"``) the options are meant for."""
-    return {KEYS[k][2] for k in options}
+    return {KEYS[k][2] for k in options} - {"task", "info"}
+
+
+def split_options(options):
+    """-> (generation options, task-config options {cfg field: value}, info options {key: value})."""
+    gen = {k: v for k, v in options.items() if KEYS[k][2] in ("ar", "nat")}
+    task = {KEYS[k][0]: v for k, v in options.items() if KEYS[k][2] == "task"}
+    info = {k: v for k, v in options.items() if KEYS[k][2] == "info"}
+    return gen, task, info
 
 
 def generation_options(options, **extra):
@@ -136,7 +158,8 @@ def generation_options(options, **extra):
         **{name: getattr(defaults, name) for name in GenerationConfig.__dataclass_fields__}
     )
     for key, value in options.items():
-        setattr(ns, KEYS[key][0], value)
+        if KEYS[key][2] in ("ar", "nat"):
+            setattr(ns, KEYS[key][0], value)
     for name, value in extra.items():
         setattr(ns, name, value)
     return ns

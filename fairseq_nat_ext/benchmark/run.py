@@ -164,7 +164,7 @@ def _valid_tune(system, args):
             refs[int(sid)] = scoring.remove_bpe(tgt_dict.string(t[t.ne(tgt_dict.pad())].int()))
     refs = [refs[i] for i in range(len(dataset))]
     for d in args.decoding:
-        generator = task.build_generator(models, dec.generation_options(dec.parse_decoding(d)))
+        generator, _ = _build_generator(task, models, d, args, "valid-tune")
         hyps = inf.in_order(inf.decode(task, generator, models, batches, system.use_cuda),
                             len(dataset))
         tok = [scoring.remove_bpe(inf.hypothesis_string(h, tgt_dict, generator)) for h in hyps]
@@ -228,8 +228,7 @@ def benchmark_system(args, refs, tok_refs, save_row):
     cuda = system.use_cuda
 
     for d in args.decoding:
-        options = dec.parse_decoding(d)
-        generator = task.build_generator(models, dec.generation_options(options))
+        generator, options = _build_generator(task, models, d, args, name)
         accepted = getattr(generator, "decoding_keys", None)
         if accepted is not None:  # the generator says which keys it reads (e.g. CTC: beam)
             unused = sorted(set(options) - set(accepted))
@@ -279,6 +278,35 @@ def benchmark_system(args, refs, tok_refs, save_row):
             row["iterations"], row["repeat_rate"],
         )
         save_row(row, scores.signature)
+
+
+def _build_generator(task, models, d, args, name):
+    """The task's generator for decoding string ``d`` -> (generator, its generation options)."""
+    options, task_options, info = dec.split_options(dec.parse_decoding(d))
+    _check_info(info, args, models[0], d)
+    for field_name, value in task_options.items():
+        if not hasattr(task.cfg, field_name):
+            raise SystemExit(f"error: decoding {d}: the {type(task).__name__} of {name} has no "
+                             f"option {field_name}")
+        setattr(task.cfg, field_name, value)
+    return task.build_generator(models, dec.generation_options(options)), options
+
+
+def _check_info(info, args, model, d):
+    """``dir`` must be the benchmarked direction, ``loss`` the checkpoint's insertion loss."""
+    if "dir" in info and info["dir"] != f"{args.src_lang}-{args.tgt_lang}":
+        raise SystemExit(f"error: decoding {d}: dir={info['dir']} but the run decodes "
+                         f"{args.src_lang}-{args.tgt_lang} (--src-lang/--tgt-lang)")
+    if "loss" in info:
+        from ..models.nat.insertion import span_tau
+
+        margs = getattr(model, "args", None)
+        if margs is None or not hasattr(margs, "insertion_tau"):
+            raise SystemExit(f"error: decoding {d}: loss= names an insertion loss but the model has none")
+        trained = "uniform" if span_tau(margs) is None else "binary_tree"
+        if info["loss"] != trained:
+            raise SystemExit(f"error: decoding {d}: loss={info['loss']} but the checkpoint was trained "
+                             f"with --insertion-loss {trained}")
 
 
 def reference_row(args, refs, tok_refs):
