@@ -1,2 +1,3 @@
 from . import nat_translation  # noqa: F401
 from . import listops  # noqa: F401
+from . import pointer_geometry  # noqa: F401
