@@ -11,7 +11,7 @@ Reading checks every line and raises a one-line :class:`~fairseq_nat_ext.compat.
 file and line: a missing ``output`` separator, a coordinate that is not a finite number (NaN/inf), a
 wrong count (odd number of coordinates, fewer than 3 points, Delaunay indices not a multiple of 3, a
 tour of the wrong length), an index out of range 1..n, a repeated index where the problem forbids
-it.  Outputs are brought to the canonical forms of :mod:`.pointer_geometry` (hull rotated to start at
+it.  Outputs are brought to the canonical forms (hull rotated to start at
 its lowest index, triangles sorted, tour from city 1 in the canonical direction); a hull may be given
 open or closed.
 
@@ -22,9 +22,25 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .pointer_geometry import DECIMALS, PROBLEMS, canonical_tour, canonical_triangles
-
+PROBLEMS = ("convex_hull", "delaunay", "tsp")
+DECIMALS = 6  # coordinates as written
 SEPARATOR = "output"
+
+
+def canonical_triangles(triangles):
+    """(m, 3) index triples -> each row sorted, rows sorted lexicographically."""
+    tri = np.sort(np.asarray(triangles, dtype=np.int64).reshape(-1, 3), axis=1)
+    order = np.lexsort((tri[:, 2], tri[:, 1], tri[:, 0]))
+    return tri[order]
+
+
+def canonical_tour(tour):
+    """A tour (permutation, open) -> rotated to start at city 0, second city < last city."""
+    tour = np.asarray(tour, dtype=np.int64)
+    tour = np.roll(tour, -int(np.nonzero(tour == 0)[0][0]))
+    if len(tour) >= 3 and tour[1] > tour[-1]:
+        tour = np.concatenate([tour[:1], tour[1:][::-1]])
+    return tour
 
 
 @dataclass

@@ -26,9 +26,9 @@ import sys
 
 import numpy as np
 
-PROBLEMS = ("convex_hull", "delaunay", "tsp")
+from .pointer_format import DECIMALS, PROBLEMS, canonical_tour, canonical_triangles  # noqa: F401
+
 EXACT_MAX_N = 12  # Held-Karp above this size costs O(2^n n^2) memory and time
-DECIMALS = 6
 
 
 # ---- point sets ---------------------------------------------------------------------------------
@@ -67,13 +67,6 @@ def convex_hull(points):
     return np.roll(vertices, -start).astype(np.int64)
 
 
-def canonical_triangles(triangles):
-    """(m, 3) index triples -> each row sorted, rows sorted lexicographically."""
-    tri = np.sort(np.asarray(triangles, dtype=np.int64).reshape(-1, 3), axis=1)
-    order = np.lexsort((tri[:, 2], tri[:, 1], tri[:, 0]))
-    return tri[order]
-
-
 def delaunay(points):
     """Delaunay triangles (m, 3), 0-based, in canonical order."""
     from scipy.spatial import Delaunay
@@ -85,15 +78,6 @@ def distance_matrix(points):
     """(..., n, 2) -> (..., n, n) Euclidean distances."""
     diff = points[..., :, None, :] - points[..., None, :, :]
     return np.sqrt((diff ** 2).sum(-1))
-
-
-def canonical_tour(tour):
-    """A tour (permutation, open) -> rotated to start at city 0, second city < last city."""
-    tour = np.asarray(tour, dtype=np.int64)
-    tour = np.roll(tour, -int(np.nonzero(tour == 0)[0][0]))
-    if len(tour) >= 3 and tour[1] > tour[-1]:
-        tour = np.concatenate([tour[:1], tour[1:][::-1]])
-    return tour
 
 
 def tour_length(points, tour):

@@ -25,8 +25,7 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.tasks import FairseqTask, register_task
 
 from ..compat import InputError
-from ..data.pointer_format import read_pointer_file
-from ..data.pointer_geometry import PROBLEMS
+from ..data.pointer_format import PROBLEMS, read_pointer_file
 
 logger = logging.getLogger(__name__)
 

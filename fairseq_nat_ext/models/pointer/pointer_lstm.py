@@ -5,7 +5,9 @@ its outputs are the memory e_j.  The decoder LSTM starts from the encoder's fina
 step reads the embedded coordinates of the point it pointed at (a learned start vector at step 0);
 the additive attention u_j = v^T tanh(W1 e_j + W2 d_i) over the n + 1 slots is the output
 distribution.  Inputs are padded on the right; the encoder packs them, so padding never reaches the
-final state.  Defaults follow the paper (one layer, 256 units, uniform init in [-0.08, 0.08]).
+final state.  Defaults follow the paper (one layer, 256 units) except the initialisation: the paper's
+uniform [-0.08, 0.08] (``--pointer-init-range 0.08``) trained far slower with Adam in our runs
+(convex hull n=10: 32% vs 87% token accuracy after 600 updates), so PyTorch's defaults are the default.
 """
 import torch
 import torch.nn as nn
@@ -96,6 +98,6 @@ class PointerLSTMModel(PointerModel):
 @register_model_architecture("pointer_lstm", "pointer_lstm")
 def pointer_lstm_base(args):
     for name, value in (("pointer_embed_dim", 256), ("pointer_hidden_dim", 256), ("pointer_layers", 1),
-                        ("dropout", 0.0), ("pointer_init_range", 0.08), ("pointer_logit_clip", 0.0)):
+                        ("dropout", 0.0), ("pointer_init_range", 0.0), ("pointer_logit_clip", 0.0)):
         if getattr(args, name, None) is None:
             setattr(args, name, value)
