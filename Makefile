@@ -15,7 +15,7 @@ $(STAMP): setup.py
 	# fairseq-fixed = fairseq main + Python 3.11 fixes; compiled against the torch above
 	$(VPY) -c "import fairseq" 2>/dev/null || $(VPIP) install -q --no-build-isolation --no-deps fairseq-fixed==0.12.3.1
 	$(VPIP) install -q hydra-core==1.3.2 omegaconf==2.3.0 bitarray regex sacrebleu==2.4.3 scikit-learn tqdm cffi packaging \
-		sacremoses==0.1.1 pytest hypothesis matplotlib
+		sacremoses==0.1.1 pytest hypothesis matplotlib scipy elkai==2.0.1
 	$(VPY) -c "import fastBPE" 2>/dev/null || $(VPIP) install -q --no-build-isolation fastbpe==0.1.0
 	$(VPIP) install -q --no-build-isolation --no-deps -e .
 	# fastBPE's `fast` CLI (learns codes), compiled from the same source package

@@ -6,12 +6,15 @@
 The first prints one table per benchmark (sorted by benchmark name).  The second replaces the text
 between the lines ``<!-- results:begin -->`` and ``<!-- results:end -->`` of the README with those
 tables; when the markers are missing (or out of order) it changes nothing and prints a one-line error.
-Every file is validated first (:mod:`.results`).
+Every file is validated first (:mod:`.results`; the pointer benchmark's file by
+:mod:`.pointer_results`, which has its own columns).
 """
 import argparse
+import json
 import os
 import sys
 
+from . import pointer_results
 from .results import REFERENCE_SYSTEM, load_results
 
 BEGIN_MARKER = "<!-- results:begin -->"
@@ -63,13 +66,22 @@ def markdown_table(results):
     return "\n".join(lines) + "\n"
 
 
+def _load_any(path):
+    """(results, table function): the BLEU schema, or the pointer benchmark's own schema."""
+    with open(path, encoding="utf-8") as f:
+        obj = json.load(f)
+    if pointer_results.is_pointer_results(obj):
+        return pointer_results.check_results(obj, str(path)), pointer_results.markdown_table
+    return load_results(path), markdown_table
+
+
 def markdown_tables(paths):
-    all_results = sorted((load_results(p) for p in paths), key=lambda r: r["benchmark"])
-    names = [r["benchmark"] for r in all_results]
+    all_results = sorted((_load_any(p) for p in paths), key=lambda r: r[0]["benchmark"])
+    names = [r["benchmark"] for r, _ in all_results]
     dup = {n for n in names if names.count(n) > 1}
     if dup:
         raise ValueError(f"benchmark(s) {sorted(dup)} appear in more than one results file")
-    return "\n".join(markdown_table(r) for r in all_results)
+    return "\n".join(table(r) for r, table in all_results)
 
 
 def replace_between_markers(text, content):

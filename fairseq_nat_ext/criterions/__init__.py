@@ -5,3 +5,4 @@ from . import insertion_loss  # noqa: F401
 from . import kermit_loss  # noqa: F401
 from . import ctc_loss  # noqa: F401
 from . import imputer_loss  # noqa: F401
+from . import pointer_cross_entropy  # noqa: F401
