@@ -10,6 +10,8 @@ import subprocess
 
 from conftest import PLUGIN_DIR, VENV_BIN, cli_env
 
+import fairseq_nat_ext  # noqa: F401,E402  (compat: checkpoints load with the allow-list)
+
 SMALL_DIMS = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32",
               "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
               "--encoder-attention-heads", "2", "--decoder-attention-heads", "2"]
