@@ -223,17 +223,26 @@ def test_resuming_into_a_save_dir_of_another_arch(tmp_path, toy_databin):
     assert {n: (save / n).read_bytes() for n in files_in(save)} == before, "the checkpoint is left as it was"
 
 
-def test_generate_with_a_checkpoint_of_another_arch_cli(tmp_path, toy_databin):
+def test_generate_with_a_checkpoint_of_another_arch(tmp_path, toy_databin):
+    """fairseq-generate's main() with --path of a ListOps classifier (the one-line CLI form of an
+    InputError from --path: tests/test_compat.py::test_cli_refuses_evil_checkpoint_in_one_line)."""
+    from fairseq import options
+    from fairseq_cli import generate
+
     save = tmp_path / "cls"
     train_inprocess(_listops_args(_listops_dir(tmp_path), save, "--no-epoch-checkpoints"))
     ckpt = save / "checkpoint_last.pt"
-    proc = run_cli(["fairseq-generate", toy_databin[0], "--user-dir", PLUGIN_DIR, "--task", "nat_translation",
-                    "--path", str(ckpt), "--max-tokens", "400"], check=False)
-    assert proc.returncode != 0
-    line = one_error_line(proc.stderr)
-    assert line.startswith(f"error: --path {ckpt} holds a 'efficient_classifier' model (task listops), "
-                           "which cannot be loaded for task nat_translation"), line
-    assert "H-" not in proc.stdout
+    args = options.parse_args_and_arch(options.get_generation_parser(), [
+        toy_databin[0], "--user-dir", PLUGIN_DIR, "--task", "nat_translation", "--path", str(ckpt),
+        "--max-tokens", "400", "--results-path", str(tmp_path / "out")])
+    with pytest.raises(InputError) as err:
+        generate.main(args)
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(
+        f"--path {ckpt} holds a 'efficient_classifier' model (task listops), which cannot be loaded for task "
+        "nat_translation"), msg
+    assert not os.path.exists(tmp_path / "out" / "generate-test.txt") or \
+        "H-" not in (tmp_path / "out" / "generate-test.txt").read_text()
 
 
 # ---- a corrupted or truncated checkpoint ------------------------------------------------------
