@@ -248,10 +248,8 @@ def test_generate_with_a_checkpoint_of_another_arch(tmp_path, toy_databin):
 # ---- a corrupted or truncated checkpoint ------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def tiny_checkpoint(tmp_path_factory, toy_databin):
-    save = tmp_path_factory.mktemp("ckpt")
-    train_inprocess(train_args(toy_databin[0], "mask_predict", save, "--save-interval-updates", "1", updates=2))
-    return save
+def tiny_checkpoint(tiny_checkpoints):
+    return tiny_checkpoints("mask_predict").parent
 
 
 @pytest.mark.parametrize("damage", ["truncated", "bytes_flipped", "garbage"])

@@ -67,11 +67,13 @@ def killed_run(toy_databin, tmp_path_factory):
     deadline = time.time() + 240
     try:
         while max(_inner_logs((root / "killed.log").read_text()), default=0) < KILL_AFTER_UPDATE:
-            assert killed.poll() is None, "the run ended before it could be killed:\n" + (root / "killed.log").read_text()[-3000:]
+            assert killed.poll() is None, \
+                "the run ended before it could be killed:\n" + (root / "killed.log").read_text()[-3000:]
             assert time.time() < deadline, "timed out waiting for updates"
             time.sleep(0.02)
-        os.killpg(killed.pid, signal.SIGKILL)
     finally:
+        if killed.poll() is None:
+            os.killpg(killed.pid, signal.SIGKILL)  # the kill under test (or clean-up after a failure)
         killed.wait()
         log.close()
     assert killed.returncode == -signal.SIGKILL, "the run must have been killed, not have finished"
