@@ -267,7 +267,7 @@ def _patch_trainer_checkpoint_loading():
                 f"the '{_model_arch_name(self.cfg.model)}' model of this run (--arch, task "
                 f"{getattr(self.cfg.task, '_name', '?')}): {summarise_state_dict_error(cause)}; "
                 "train into another --save-dir or give the matching --arch and options"
-            ) from None
+            ) from err
 
     load_checkpoint._nat_ext_wrapped = True
     cls.load_checkpoint = load_checkpoint
@@ -283,15 +283,16 @@ def _patch_ensemble_loading():
     def load_model_ensemble_and_task(filenames, arg_overrides=None, task=None, *args, **kwargs):
         try:
             return original(filenames, arg_overrides, task, *args, **kwargs)
-        except (UserFacingError, FileNotFoundError, KeyboardInterrupt):
+        except UserFacingError:
             raise
-        except Exception as err:  # noqa: BLE001
+        except (RuntimeError, KeyError, AttributeError, TypeError, ValueError, AssertionError, IndexError) as err:
+            # the model built from the checkpoint's config does not fit its weights or this task / data
             found = ", ".join(f"{f} holds {_describe_checkpoint(f)}" for f in filenames)
             expected = f" for task {task_name(task)}" if task is not None else ""
             raise InputError(
                 f"--path {found}, which cannot be loaded{expected} with this data: "
                 f"{summarise_state_dict_error(err)}"
-            ) from None
+            ) from err  # FAIRSEQ_NAT_EXT_TRACEBACK=1 shows the original traceback
 
     load_model_ensemble_and_task._nat_ext_wrapped = True
     load_model_ensemble_and_task.__wrapped__ = original

@@ -77,8 +77,12 @@ def killed_run(toy_databin, tmp_path_factory):
         killed.wait()
         log.close()
     assert killed.returncode == -signal.SIGKILL, "the run must have been killed, not have finished"
-    ref[0].wait(timeout=300)
-    ref[1].close()
+    try:
+        ref[0].wait(timeout=300)
+    finally:
+        if ref[0].poll() is None:
+            os.killpg(ref[0].pid, signal.SIGKILL)
+        ref[1].close()
     assert ref[0].returncode == 0, (root / "ref.log").read_text()[-3000:]
     return data_bin, root
 
