@@ -35,7 +35,7 @@
 #                                      (dict.SRC.txt == dict.TGT.txt)
 #
 # Every split pair is checked first with fairseq_nat_ext.data.validate_parallel; the first
-# problem stops the script with that one-line error.  Steps whose outputs are newer than
+# problem stops the script with that one-line error, before OUT_DIR is created.  Steps whose outputs are newer than
 # their inputs (and whose options did not change) are skipped, so a rerun is cheap.
 #
 # Tools: the sacremoses package (for $PYTHON, default `python` from PATH), fairseq-preprocess
@@ -90,14 +90,6 @@ else
     MOSES_SRC="$SRC"; MOSES_TGT="$TGT"
 fi
 
-command -v fairseq-preprocess >/dev/null 2>&1 || die "fairseq-preprocess not found on PATH (activate .venv or run through make)"
-"$PYTHON" -c "import sacremoses" 2>/dev/null || die "$PYTHON cannot import sacremoses (activate .venv or run through make)"
-FAST="${FAST:-$(command -v fast 2>/dev/null || true)}"
-if [[ -z "$FAST" || ! -x "$FAST" ]]; then
-    log "fastBPE's 'fast' not found: building it"
-    FAST="$(bash "$SCRIPT_DIR/tools/build_fastbpe.sh")"
-fi
-
 # ---- locate the input files ---------------------------------------------------------
 # input_file PREFIX LANG -> path of RAW_DIR/PREFIX.LANG or RAW_DIR/PREFIX.LANG.gz
 input_file() {
@@ -133,6 +125,21 @@ for i in 0 1 2; do
 done
 log "splits: train=$P_TRAIN valid=$P_VALID test=$P_TEST ($SRC -> $TGT)"
 
+# ---- 1. validate (before anything is written or built) --------------------------------
+for role in "${ROLES[@]}"; do
+    "$PYTHON" "$REPO/fairseq_nat_ext/data/validate_parallel.py" \
+        "${INPUT[$role.$SRC]}" "${INPUT[$role.$TGT]}" || exit 1
+done
+log "validated the three split pairs"
+
+command -v fairseq-preprocess >/dev/null 2>&1 || die "fairseq-preprocess not found on PATH (activate .venv or run through make)"
+"$PYTHON" -c "import sacremoses" 2>/dev/null || die "$PYTHON cannot import sacremoses (activate .venv or run through make)"
+FAST="${FAST:-$(command -v fast 2>/dev/null || true)}"
+if [[ -z "$FAST" || ! -x "$FAST" ]]; then
+    log "fastBPE's 'fast' not found: building it"
+    FAST="$(bash "$SCRIPT_DIR/tools/build_fastbpe.sh")"
+fi
+
 # ---- helpers ------------------------------------------------------------------------
 # up_to_date OUT IN... : true when OUT exists and is newer than every IN (and no --force)
 up_to_date() {
@@ -149,13 +156,6 @@ n_lines() { wc -l <"$1" | tr -d ' '; }
 
 mkdir -p "$OUT_DIR"/{raw,tok,bpe}
 OUT_DIR="$(cd "$OUT_DIR" && pwd)"
-
-# ---- 1. validate --------------------------------------------------------------------
-for role in "${ROLES[@]}"; do
-    "$PYTHON" "$REPO/fairseq_nat_ext/data/validate_parallel.py" \
-        "${INPUT[$role.$SRC]}" "${INPUT[$role.$TGT]}" || exit 1
-done
-log "validated the three split pairs"
 
 # ---- 2. raw copies -------------------------------------------------------------------
 for role in "${ROLES[@]}"; do

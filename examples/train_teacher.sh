@@ -20,6 +20,8 @@
 #
 # Extra arguments are appended to fairseq-train's command line (later ones win).
 # The plugin is loaded with --user-dir <repo>/fairseq_nat_ext; data loading uses --num-workers 0.
+# A rerun resumes from the newest intact checkpoint (fairseq_nat_ext/checkpoint_resume.py: checkpoint_last.pt,
+# or --restore-file of a newer one when a kill left checkpoint_last.pt truncated; the choice is logged).
 # Output: SAVE_DIR/checkpoint{E,_best,_last}.pt and SAVE_DIR/checkpoint_avg.pt (averaged; the
 # path is printed on the last line of stdout), training log in SAVE_DIR/train.log.
 set -euo pipefail
@@ -51,6 +53,10 @@ if [[ "$SAVE_INTERVAL_UPDATES" -gt 0 ]]; then
     EXTRA_SAVE=(--save-interval-updates "$SAVE_INTERVAL_UPDATES" --keep-interval-updates "$KEEP_LAST")
 fi
 
+RESUME_OUT="$("${PYTHON:-python}" "$USER_DIR/checkpoint_resume.py" "$SAVE_DIR" --log "$SAVE_DIR/train.log")" || exit 1
+RESUME=()
+[[ -n "$RESUME_OUT" ]] && mapfile -t RESUME <<<"$RESUME_OUT"
+
 echo "[train_teacher] transformer ${ENC_LAYERS}+${DEC_LAYERS} layers, dim $DIM, ffn $FFN, heads $HEADS;" \
      "max_update $MAX_UPDATE, max_tokens $MAX_TOKENS -> $SAVE_DIR" >&2
 fairseq-train "$DATA_BIN" \
@@ -68,7 +74,7 @@ fairseq-train "$DATA_BIN" \
     --validate-interval "$VALIDATE_INTERVAL" \
     --keep-last-epochs "$KEEP_LAST" "${EXTRA_SAVE[@]}" \
     --num-workers 0 --log-format simple --log-interval "$LOG_INTERVAL" \
-    --save-dir "$SAVE_DIR" \
+    --save-dir "$SAVE_DIR" ${RESUME[@]+"${RESUME[@]}"} \
     "$@" 2>&1 | tee -a "$SAVE_DIR/train.log" >&2
 
 if [[ "$AVG" -le 0 ]]; then

@@ -11,6 +11,23 @@
 3. fairseq's ``import_user_module`` compares the ``--user-dir`` path with the imported package's
    ``__path__`` literally, so the same directory reached through a symlink or a relative path raises
    "not globally unique".  We compare real paths instead (same behaviour otherwise).
+4. A checkpoint whose parameters do not fit the model being built (another arch, other sizes, another
+   dictionary) makes fairseq print a multi-line state-dict dump (``--path``) or "please ensure that
+   the architectures match" without saying which (resume / ``--restore-file``).  We re-raise one line
+   naming the file, the arch it holds and the arch (and task) expected.
+5. ``fairseq-hydra-train`` (and ``--path`` on a checkpoint it wrote) hand a legacy arch an omegaconf
+   ``DictConfig``; fairseq's ``TransformerConfig.from_namespace`` copies extra keys with ``vars()``,
+   which on a DictConfig drops every option the arch adds itself (``length_classes``...).  For the
+   plugin's archs we turn the DictConfig into the argparse namespace fairseq-train would have built.
+6. ``fairseq-interactive`` decodes its input with Python's strict UTF-8 codec and dies with a
+   traceback on the first bad byte; we read bytes and report ``<stdin> line N: not valid UTF-8``.
+7. ``torchrun`` on CPU: fairseq's default world size is the number of CUDA devices (so 1 on CPU: it
+   ignores torchrun and every process trains alone, racing on the checkpoint files), and it divides the
+   rank by the CUDA device count.  Without CUDA we take world size and rank from torchrun's
+   environment (GPU runs are unchanged).
+8. torch reads a checkpoint's zip members without checking their CRCs, so a corrupted file loads with
+   wrong weights; we check them before loading (a truncated file already fails in torch) and report
+   "truncated or corrupted" naming the file.
 """
 import argparse
 import collections
@@ -20,6 +37,7 @@ import pickle
 import re
 import sys
 import typing
+import zipfile
 
 import torch
 
@@ -82,17 +100,30 @@ def _install_excepthook():
 _GLOBAL_RE = re.compile(r"GLOBAL ([\w\.]+)")
 
 
+def damaged_checkpoint_message(path, detail):
+    """One line for a checkpoint that cannot be read; for checkpoint_last.pt, how to resume anyway."""
+    hint = ""
+    if os.path.basename(str(path)) == "checkpoint_last.pt":
+        hint = ("; to resume from the newest intact checkpoint run "
+                "python fairseq_nat_ext/checkpoint_resume.py SAVE_DIR (the recipes do)")
+    return f"cannot read checkpoint {path}: it is truncated or corrupted ({detail}){hint}"
+
+
 def _explain_load_failure(path, err):
     msg = str(err)
     m = _GLOBAL_RE.search(msg)
-    if isinstance(err, pickle.UnpicklingError) or "weights_only" in msg.lower():
-        what = m.group(1) if m else msg.splitlines()[0]
+    if m:
         return (
-            f"refusing to load checkpoint {path}: it contains the pickled object '{what}', which is "
+            f"refusing to load checkpoint {path}: it contains the pickled object '{m.group(1)}', which is "
             "not a type fairseq checkpoints hold (allow-list: fairseq_nat_ext/compat.py); loading "
             "it could execute arbitrary code"
         )
-    return f"cannot read checkpoint {path}: it is truncated or corrupted ({msg.splitlines()[0]})"
+    lines = [line.strip() for line in msg.splitlines() if line.strip()]
+    if "WeightsUnpickler error:" in msg:  # torch's safe unpickler met bytes that are no pickle
+        after = msg.split("WeightsUnpickler error:", 1)[1]
+        lines = [line.strip() for line in after.splitlines() if line.strip()] or lines
+    detail = (lines[0] if lines else type(err).__name__)[:200]
+    return damaged_checkpoint_message(path, detail)
 
 
 def _patch_checkpoint_loading():
@@ -103,6 +134,14 @@ def _patch_checkpoint_loading():
         return
 
     def load_checkpoint_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
+        # torch reads a zip checkpoint without checking the members' CRCs: a corrupted file would
+        # load with wrong weights.  Check them first (a truncated zip fails below, in torch).
+        if isinstance(path, (str, os.PathLike)) and os.path.isfile(path) and zipfile.is_zipfile(path):
+            from .checkpoint_resume import damage
+
+            why = damage(path)
+            if why is not None:
+                raise UnsafeCheckpointError(damaged_checkpoint_message(path, why))
         try:
             return original(path, arg_overrides, load_on_all_ranks)
         except FileNotFoundError:
@@ -146,6 +185,219 @@ def _patch_user_module_import():
     utils.import_user_module = import_user_module
 
 
+def checkpoint_arch(state):
+    """(arch, task) names recorded in a loaded checkpoint state (None where unknown)."""
+    cfg = state.get("cfg") if isinstance(state, dict) else None
+    arch = task = None
+    if cfg is not None:
+        model_cfg = cfg.get("model") if hasattr(cfg, "get") else None
+        task_cfg = cfg.get("task") if hasattr(cfg, "get") else None
+        arch = getattr(model_cfg, "arch", None) or getattr(model_cfg, "_name", None)
+        task = getattr(task_cfg, "_name", None) or getattr(task_cfg, "task", None)
+    args = state.get("args") if isinstance(state, dict) else None
+    if args is not None:
+        arch = arch or getattr(args, "arch", None)
+        task = task or getattr(args, "task", None)
+    return arch, task
+
+
+def _describe_checkpoint(path):
+    """'<arch>' model (task <task>) as recorded in ``path``, read again on an error path."""
+    from fairseq import checkpoint_utils
+
+    try:
+        arch, task = checkpoint_arch(checkpoint_utils.load_checkpoint_to_cpu(path))
+    except Exception:  # noqa: BLE001  (the error being explained is more useful than this one)
+        return "a model"
+    return f"a '{arch or '?'}' model (task {task or '?'})"
+
+
+_SIZE_RE = re.compile(r"size mismatch for ([\w\.]+): copying a param with shape torch.Size\((\[[^\]]*\])\) "
+                      r"from checkpoint, the shape in current model is torch.Size\((\[[^\]]*\])\)")
+_KEYS_RE = re.compile(r"(Missing|Unexpected) key\(s\) in state_dict: (.*)")
+
+
+def summarise_state_dict_error(err):
+    """One phrase for torch's multi-line load_state_dict error (or any other exception)."""
+    text = str(err)
+    m = _SIZE_RE.search(text)
+    if m:
+        return f"{m.group(1)} has shape {m.group(2)} in the checkpoint but {m.group(3)} in the model"
+    parts = []
+    for kind, keys in _KEYS_RE.findall(text):
+        names = re.findall(r'"([^"]+)"', keys)
+        if names:
+            parts.append(f"{len(names)} {kind.lower()} parameters (e.g. {names[0]})")
+    if parts:
+        return ", ".join(parts)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return f"{type(err).__name__}: {lines[0] if lines else ''}"
+
+
+def task_name(task):
+    """The registered name of a task object (its class name when not registered)."""
+    from fairseq.tasks import TASK_REGISTRY
+
+    return next((n for n, c in TASK_REGISTRY.items() if c is type(task)), type(task).__name__)
+
+
+def _model_arch_name(model_cfg):
+    return getattr(model_cfg, "arch", None) or getattr(model_cfg, "_name", None) or "?"
+
+
+def _patch_trainer_checkpoint_loading():
+    from fairseq import trainer as trainer_module
+
+    cls = trainer_module.Trainer
+    original = cls.load_checkpoint
+    if getattr(original, "_nat_ext_wrapped", False):
+        return
+
+    def load_checkpoint(self, filename, *args, **kwargs):
+        try:
+            return original(self, filename, *args, **kwargs)
+        except UserFacingError:
+            raise
+        except Exception as err:  # noqa: BLE001
+            if "Cannot load model parameters from checkpoint" not in str(err):
+                raise
+            cause = err.__cause__ or err.__context__ or err
+            raise InputError(
+                f"checkpoint {filename} holds {_describe_checkpoint(filename)} whose parameters do not fit "
+                f"the '{_model_arch_name(self.cfg.model)}' model of this run (--arch, task "
+                f"{getattr(self.cfg.task, '_name', '?')}): {summarise_state_dict_error(cause)}; "
+                "train into another --save-dir or give the matching --arch and options"
+            ) from err
+
+    load_checkpoint._nat_ext_wrapped = True
+    cls.load_checkpoint = load_checkpoint
+
+
+def _patch_ensemble_loading():
+    from fairseq import checkpoint_utils
+
+    original = checkpoint_utils.load_model_ensemble_and_task
+    if getattr(original, "_nat_ext_wrapped", False):
+        return
+
+    def load_model_ensemble_and_task(filenames, arg_overrides=None, task=None, *args, **kwargs):
+        try:
+            return original(filenames, arg_overrides, task, *args, **kwargs)
+        except UserFacingError:
+            raise
+        except (RuntimeError, KeyError, AttributeError, TypeError, ValueError, AssertionError, IndexError) as err:
+            # the model built from the checkpoint's config does not fit its weights or this task / data
+            found = ", ".join(f"{f} holds {_describe_checkpoint(f)}" for f in filenames)
+            expected = f" for task {task_name(task)}" if task is not None else ""
+            raise InputError(
+                f"--path {found}, which cannot be loaded{expected} with this data: "
+                f"{summarise_state_dict_error(err)}"
+            ) from err  # FAIRSEQ_NAT_EXT_TRACEBACK=1 shows the original traceback
+
+    load_model_ensemble_and_task._nat_ext_wrapped = True
+    load_model_ensemble_and_task.__wrapped__ = original
+    checkpoint_utils.load_model_ensemble_and_task = load_model_ensemble_and_task
+
+
+def _plugin_root():
+    return __name__.split(".")[0]
+
+
+def legacy_namespace(model_cls, arch, cfg):
+    """The argparse namespace fairseq-train builds for a legacy ``arch``, from a DictConfig."""
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+    from omegaconf import OmegaConf
+
+    parser = argparse.ArgumentParser(allow_abbrev=False)
+    group = parser.add_argument_group("model", argument_default=argparse.SUPPRESS)
+    model_cls.add_args(group)
+    ns, _ = parser.parse_known_args([])
+    for key, value in OmegaConf.to_container(cfg, resolve=True).items():
+        if value is not None or not hasattr(ns, key):
+            setattr(ns, key, value)
+    ns.arch = arch
+    ns._name = arch
+    ARCH_CONFIG_REGISTRY[arch](ns)
+    return ns
+
+
+def _patch_legacy_model_build():
+    from fairseq import models
+    from omegaconf import OmegaConf
+
+    original = models.build_model
+    if getattr(original, "_nat_ext_wrapped", False):
+        return
+
+    def build_model(cfg, task, from_checkpoint=False):
+        arch = getattr(cfg, "_name", None) or getattr(cfg, "arch", None)
+        model_cls = models.ARCH_MODEL_REGISTRY.get(arch)
+        if (OmegaConf.is_config(cfg) and model_cls is not None
+                and model_cls.__module__.split(".")[0] == _plugin_root()
+                and arch not in models.MODEL_DATACLASS_REGISTRY):
+            cfg = legacy_namespace(model_cls, arch, cfg)
+        return original(cfg, task, from_checkpoint)
+
+    build_model._nat_ext_wrapped = True
+    models.build_model = build_model
+
+
+def buffered_read_utf8(input, buffer_size):
+    """fairseq_cli.interactive.buffered_read, reading bytes so that a bad byte is a one-line error."""
+    name = "<stdin>" if input == "-" else input
+    stream = sys.stdin.buffer if input == "-" else open(input, "rb")
+    buffer = []
+    try:
+        for lineno, raw in enumerate(stream, 1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise InputError(f"fairseq-interactive: {name} line {lineno}: not valid UTF-8 "
+                                 f"(byte 0x{raw[e.start]:02x} at byte {e.start + 1})") from None
+            buffer.append(text.strip())
+            if len(buffer) >= buffer_size:
+                yield buffer
+                buffer = []
+    finally:
+        if input != "-":
+            stream.close()
+    if buffer:
+        yield buffer
+
+
+def _patch_interactive_input():
+    try:
+        import fairseq_cli.interactive as interactive
+    except ImportError:  # fairseq without its command-line package
+        return
+    interactive.buffered_read = buffered_read_utf8
+
+
+def _patch_cpu_torchrun():
+    from fairseq.distributed import utils as dist_utils
+
+    original = dist_utils.infer_init_method
+    if getattr(original, "_nat_ext_wrapped", False):
+        return
+
+    def infer_init_method(cfg, force_distributed=False):
+        env = os.environ
+        if (cfg.distributed_init_method is None and not getattr(cfg, "tpu", False)
+                and not torch.cuda.is_available()
+                and all(k in env for k in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK"))
+                and int(env["WORLD_SIZE"]) > 1):
+            cfg.distributed_init_method = "env://"
+            cfg.distributed_world_size = int(env["WORLD_SIZE"])
+            cfg.distributed_rank = int(env["RANK"])
+            cfg.device_id = 0
+            cfg.distributed_no_spawn = True  # torchrun started the processes
+            return
+        return original(cfg, force_distributed)
+
+    infer_init_method._nat_ext_wrapped = True
+    dist_utils.infer_init_method = infer_init_method
+
+
 _applied = False
 
 
@@ -156,5 +408,10 @@ def apply():
     torch.serialization.add_safe_globals(fairseq_checkpoint_globals())
     _patch_checkpoint_loading()
     _patch_user_module_import()
+    _patch_trainer_checkpoint_loading()
+    _patch_ensemble_loading()
+    _patch_legacy_model_build()
+    _patch_interactive_input()
+    _patch_cpu_torchrun()
     _install_excepthook()
     _applied = True

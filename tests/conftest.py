@@ -95,3 +95,21 @@ def train_then_generate(data_bin, save_dir, arch, criterion, gen_args, updates=4
     return run_cli(["fairseq-generate", data_bin, "--user-dir", PLUGIN_DIR, "--task", "nat_translation",
                     "--path", os.path.join(str(save_dir), "checkpoint_last.pt"),
                     "--max-tokens", str(max_tokens)] + list(gen_args))
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints(toy_databin, tmp_path_factory):
+    """arch name (a key of tests/reliability_utils.ARCHS) -> checkpoint_last.pt of a tiny model of that
+    arch trained 2 updates on the toy corpus (trained in this process, on first use)."""
+    from reliability_utils import train_args, train_inprocess
+
+    root = tmp_path_factory.mktemp("tiny_ckpts")
+    cache = {}
+
+    def get(arch):
+        if arch not in cache:
+            train_inprocess(train_args(toy_databin[0], arch, root / arch, updates=2))
+            cache[arch] = root / arch / "checkpoint_last.pt"
+        return cache[arch]
+
+    return get

@@ -5,8 +5,10 @@
 #   LAYERS=3 DIM=256 FFN=4*DIM HEADS=4 DROPOUT=0.3 LABEL_SMOOTHING=0.1 LR=1e-3 WARMUP=400
 #   MAX_TOKENS=4096 MAX_UPDATE=3000 SEED=1 THREADS=2 SAVE_INTERVAL_UPDATES=200 AVG=5
 #   INIT_FROM=AT.pt: start from an autoregressive Transformer's weights (fairseq_nat_ext.init_from_at)
-# Training resumes from SAVE_DIR/checkpoint_last.pt (fairseq's default); log: SAVE_DIR/train.log; the
-# averaged checkpoint (or checkpoint_last.pt with AVG=0) is printed on the last line.
+# Training resumes from the newest intact checkpoint in SAVE_DIR (fairseq_nat_ext/checkpoint_resume.py:
+# checkpoint_last.pt, or --restore-file of a newer one when a kill left checkpoint_last.pt truncated; the
+# choice is logged); log: SAVE_DIR/train.log; the averaged checkpoint (or checkpoint_last.pt with AVG=0)
+# is printed on the last line.
 USER_DIR="$(cd "$SCRIPT_DIR/.." && pwd)/fairseq_nat_ext"
 [[ -d "$DATA_BIN" ]] || { echo "error: DATA_BIN $DATA_BIN is not a directory" >&2; exit 1; }
 LAYERS="${LAYERS:-3}"; DIM="${DIM:-256}"; FFN="${FFN:-$((4 * DIM))}"; HEADS="${HEADS:-4}"
@@ -29,7 +31,11 @@ ARGS=("$DATA_BIN" --user-dir "$USER_DIR" "${SYS[@]}" ${NAT_EXTRA[@]+"${NAT_EXTRA
   --max-tokens "$MAX_TOKENS" --max-update "$MAX_UPDATE" --seed "$SEED" --num-workers 0 \
   --save-dir "$SAVE_DIR" --save-interval-updates "$SAVE_INTERVAL_UPDATES" --keep-interval-updates "$((AVG > 2 ? AVG : 2))" \
   --keep-last-epochs "$((AVG > 2 ? AVG : 2))" --log-format simple --log-interval 20 ${EXTRA[@]+"${EXTRA[@]}"})
-if [[ -n "${INIT_FROM:-}" ]]; then
+RESUME_OUT="$("${PYTHON:-python}" "$USER_DIR/checkpoint_resume.py" "$SAVE_DIR" --log "$SAVE_DIR/train.log")" || exit 1
+RESUME=()
+[[ -n "$RESUME_OUT" ]] && mapfile -t RESUME <<<"$RESUME_OUT"
+ARGS+=(${RESUME[@]+"${RESUME[@]}"})
+if [[ -n "${INIT_FROM:-}" && ${#RESUME[@]} -eq 0 ]]; then
   # Same start for every system: copy the AT model's weights into the freshly built NAT model.
   INIT_CKPT="$SAVE_DIR/init_from_at.pt"
   if [[ ! -f "$SAVE_DIR/checkpoint_last.pt" && ! -f "$INIT_CKPT" ]]; then
@@ -37,6 +43,7 @@ if [[ -n "${INIT_FROM:-}" ]]; then
       2>&1 | tee -a "$SAVE_DIR/train.log"
     mv "$INIT_CKPT.tmp" "$INIT_CKPT"
   fi
+  # (fairseq refuses it together with --restore-file; a resumed run has its weights anyway)
   ARGS+=(--finetune-from-model "$INIT_CKPT")
 fi
 fairseq-train "${ARGS[@]}" 2>&1 | tee -a "$SAVE_DIR/train.log"

@@ -20,6 +20,11 @@ class EfficientTransformerModel(TransformerModel):
     def build_encoder(cls, args, src_dict, embed_tokens):
         return EfficientTransformerEncoder(args, src_dict, embed_tokens)
 
+    def length_limits(self):
+        """Notes naming the options behind :meth:`max_positions` (for one-line data errors)."""
+        return {"source": self.encoder.source_limit()[1],
+                "target": f"--max-target-positions {self.decoder.max_positions()}"}
+
 
 @register_model_architecture("efficient_transformer", "efficient_transformer")
 def efficient_transformer_base(args):

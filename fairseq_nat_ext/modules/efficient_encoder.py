@@ -16,6 +16,7 @@ from fairseq.modules import transformer_layer
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 
 from .attention import EfficientSelfAttention, options_from_args, parse_mix
+from .attention.registry import POSITION_TIED_VARIANTS
 
 
 class EfficientEncoderLayer(transformer_layer.TransformerEncoderLayerBase):
@@ -46,6 +47,22 @@ class EfficientEncoderMixin:
             raise InputError(f"--global-mode must be 'first' or 'added', got '{self.attention_opts.global_mode}'")
         if self.num_added_tokens:
             self.added_tokens = nn.Parameter(torch.randn(self.num_added_tokens, embed_tokens.embedding_dim) * 0.02)
+
+    def source_limit(self):
+        """(longest source in tokens, the option that sets it): position-tied attention variants
+        (linformer, synthesizers, ...) accept at most ``--max-positions`` tokens, added global tokens
+        included, whatever ``--max-source-positions`` says."""
+        n, why = super().max_positions(), f"--max-source-positions {self.max_source_positions}"
+        tied = sorted({name for name, _ in self.attention_spec if name in POSITION_TIED_VARIANTS})
+        if tied:
+            m = self.attention_opts.max_positions - self.num_added_tokens
+            if m < n:
+                added = f" minus {self.num_added_tokens} added global tokens" if self.num_added_tokens else ""
+                n, why = m, f"--max-positions {self.attention_opts.max_positions}{added} of {'/'.join(tied)} attention"
+        return n, why
+
+    def max_positions(self):
+        return self.source_limit()[0]
 
     @property
     def uses_fairseq_attention(self):

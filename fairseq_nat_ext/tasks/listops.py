@@ -25,6 +25,20 @@ logger = logging.getLogger(__name__)
 NUM_CLASSES = 10
 
 
+def _read_lines(path):
+    """Lines of a UTF-8 text file; a bad byte is a one-line error naming the file and line."""
+    with open(path, "rb") as f:
+        raw = f.read().splitlines()
+    out = []
+    for i, line in enumerate(raw, 1):
+        try:
+            out.append(line.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise InputError(f"listops: {path}:{i}: not valid UTF-8 (byte 0x{line[e.start]:02x} at byte "
+                             f"{e.start + 1})") from None
+    return out
+
+
 def listops_dictionary() -> Dictionary:
     d = Dictionary()
     for tok in [str(i) for i in range(10)] + ["[" + op for op in OPERATORS] + list(OPERATORS) + ["]"]:
@@ -91,10 +105,7 @@ class ListOpsTask(FairseqTask):
         for path in (src_path, lab_path):
             if not os.path.exists(path):
                 raise InputError(f"listops: {path} not found")
-        with open(src_path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
-        with open(lab_path, encoding="utf-8") as f:
-            labels_raw = f.read().splitlines()
+        lines, labels_raw = _read_lines(src_path), _read_lines(lab_path)
         if len(lines) != len(labels_raw):
             raise InputError(f"listops: {src_path} has {len(lines)} lines but {lab_path} has {len(labels_raw)}")
         unk = self.dictionary.unk()

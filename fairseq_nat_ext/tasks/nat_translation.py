@@ -6,12 +6,19 @@
   target (``sample["prev_target"]``): each arch owns its corruption (random masking for Mask-Predict).
 * ``build_generator`` returns the generator named by the model (``model.generator_class``); fairseq's
   autoregressive models (e.g. the teacher) get fairseq's SequenceGenerator as in ``translation``.
+* Bad data stops the run before anything is written, with one line naming the binarised file and the
+  line of the text it came from: an empty sentence, a sentence of only ``<unk>``, source and target
+  of different lengths, a pair longer than the model accepts (fairseq would skip long training pairs
+  silently and print a traceback for long valid/test pairs; ``--skip-invalid-size-train`` and
+  fairseq's ``--skip-invalid-size-inputs-valid-test`` restore the skipping).
 """
 import logging
 import os
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
+from fairseq import utils
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
@@ -32,6 +39,47 @@ class NATTranslationConfig(TranslationConfig):
         metadata={"help": "Insertion Transformer decoding: parallel (every slot at once) or sequential "
                           "(greedy, one token per step)"},
     )
+    skip_invalid_size_train: bool = field(
+        default=False,
+        metadata={"help": "skip training pairs longer than the model accepts (fairseq's translation "
+                          "behaviour) instead of stopping with an error naming the first one"},
+    )
+
+
+def _indexed_tokens(ds):
+    """(tokens, starts) of a fairseq MMapIndexedDataset as numpy arrays, or None for other kinds."""
+    index = getattr(ds, "_index", None)
+    buf = getattr(ds, "_bin_buffer", None)
+    if index is None or buf is None or not hasattr(index, "pointers"):
+        return None
+    sizes = np.asarray(index.sizes, dtype=np.int64)
+    tokens = np.frombuffer(buf, dtype=index.dtype, count=int(sizes.sum()), offset=0)
+    return tokens, np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+
+
+def bad_sentences(ds, eos, unk):
+    """First index of (an empty sentence, a sentence of only <unk>) in a token dataset, or None.
+
+    A binarised empty line is just ``</s>``; "only <unk>" means every token before ``</s>`` is unknown."""
+    sizes = np.asarray(ds.sizes, dtype=np.int64)
+    empty = np.flatnonzero(sizes <= 1)
+    first_empty = int(empty[0]) if empty.size else None
+    arrays = _indexed_tokens(ds)
+    if arrays is not None:
+        tokens, starts = arrays
+        known = ((tokens != unk) & (tokens != eos)).astype(np.int64)
+        n_known = np.add.reduceat(known, starts) if starts.size else np.zeros(0, np.int64)
+        only_unk = np.flatnonzero((n_known == 0) & (sizes > 1))
+        first_unk = int(only_unk[0]) if only_unk.size else None
+    else:
+        first_unk = None
+        for i in range(len(ds)):
+            t = ds[i]
+            content = t[t.ne(eos)]
+            if content.numel() > 0 and bool(content.eq(unk).all()):
+                first_unk = i
+                break
+    return first_empty, first_unk
 
 
 @register_task("nat_translation", dataclass=NATTranslationConfig)
@@ -48,15 +96,85 @@ class NATTranslationTask(TranslationTask):
         d.add_symbol(MASK_SYMBOL)
         return d
 
+    def _split_prefixes(self, split, epoch):
+        """Paths (without .bin/.idx) of the binarised source and target files of ``split``."""
+        paths = utils.split_paths(self.cfg.data)
+        if split != self.cfg.train_subset:
+            paths = paths[:1]
+        data_path = paths[(epoch - 1) % len(paths)]
+        src, tgt = self.cfg.source_lang, self.cfg.target_lang
+        pair = f"{src}-{tgt}"
+        if not os.path.exists(os.path.join(data_path, f"{split}.{pair}.{src}.idx")) and os.path.exists(
+                os.path.join(data_path, f"{split}.{tgt}-{src}.{src}.idx")):
+            pair = f"{tgt}-{src}"
+        return tuple(os.path.join(data_path, f"{split}.{pair}.{lang}") for lang in (src, tgt))
+
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
+        src_file, tgt_file = self._split_prefixes(split, epoch)
         try:
             super().load_dataset(split, epoch=epoch, combine=combine, **kwargs)
         except AssertionError as err:
             # LanguagePairDataset asserts equal sizes without naming anything
             raise InputError(
-                f"nat_translation: {split} split in {self.cfg.data}: source and target files "
-                f"({self.cfg.source_lang}/{self.cfg.target_lang}) differ in number of lines ({err})"
+                f"nat_translation: {src_file} and {tgt_file} differ in number of sentences "
+                f"({err or 'source and target sizes differ'}); binarise both sides from parallel files"
             ) from None
+        dataset = self.datasets[split]
+        self._split_files = getattr(self, "_split_files", {})
+        self._split_files[split] = (src_file, tgt_file)
+        for side, ds, path, d in ((("source", dataset.src, src_file, self.src_dict),)
+                                  + ((("target", dataset.tgt, tgt_file, self.tgt_dict),)
+                                     if dataset.tgt is not None else ())):
+            empty, only_unk = bad_sentences(ds, d.eos(), d.unk())
+            problem = None
+            if empty is not None and (only_unk is None or empty <= only_unk):
+                problem = (empty, "empty sentence")
+            elif only_unk is not None:
+                problem = (only_unk, "only unknown tokens (<unk>): the text is not in the dictionary "
+                                     f"{self.cfg.data}/dict.*.txt")
+            if problem is not None:
+                del self.datasets[split]
+                raise InputError(f"nat_translation: {path} line {problem[0] + 1}: {problem[1]}")
+
+    def build_model(self, cfg, from_checkpoint=False):
+        model = super().build_model(cfg, from_checkpoint)
+        limits = getattr(model, "length_limits", None)
+        self._length_notes = getattr(self, "_length_notes", [])
+        if limits is not None:
+            self._length_notes.append(limits())
+        return model
+
+    def filter_indices_by_size(self, indices, dataset, max_positions=None, ignore_invalid_inputs=False):
+        """fairseq's filter, but a pair that does not fit is a one-line error naming file and line
+        (in training too, unless --skip-invalid-size-train)."""
+        indices, ignored = dataset.filter_indices_by_size(indices, max_positions)
+        if len(ignored) == 0:
+            return indices
+        split = next((name for name, ds in self.datasets.items() if ds is dataset), None)
+        if split == self.cfg.train_subset:
+            ignore_invalid_inputs = self.cfg.skip_invalid_size_train
+        if ignore_invalid_inputs:
+            logger.warning(f"nat_translation: skipping {len(ignored):,} {split or 'input'} pairs longer than "
+                           f"the model accepts (max_positions={max_positions}), e.g. ids {list(ignored[:10])}")
+            return indices
+        i = int(ignored[0])
+        size = dataset.size(i)
+        src_n, tgt_n = (size if isinstance(size, tuple) else (size, None))
+        src_max, tgt_max = (max_positions if isinstance(max_positions, tuple) else (max_positions, None))
+        files = getattr(self, "_split_files", {}).get(split, (None, None))
+        notes = getattr(self, "_length_notes", [])
+        if src_max is not None and src_n > src_max:
+            where = f"{files[0]} line {i + 1}" if files[0] else f"input sentence {i}"
+            why = "; ".join(n["source"] for n in notes if "source" in n) or f"--max-source-positions"
+            msg = f"source of {src_n} tokens (with </s>) is longer than the model accepts ({src_max}: {why})"
+        else:
+            where = f"{files[1]} line {i + 1}" if files[1] else f"input sentence {i}"
+            why = "; ".join(n["target"] for n in notes if "target" in n) or "--max-target-positions"
+            msg = (f"target of {tgt_n} tokens (with </s>) is longer than the model can produce "
+                   f"({tgt_max}: {why})")
+        hint = ("--skip-invalid-size-train skips such training pairs" if split == self.cfg.train_subset
+                else "--skip-invalid-size-inputs-valid-test skips them")
+        raise InputError(f"nat_translation: {where}: {msg}; shorten or drop it ({hint})")
 
     def get_batch_iterator(self, dataset, max_tokens=None, max_sentences=None, max_positions=None,
                            ignore_invalid_inputs=False, required_batch_size_multiple=1, **kwargs):

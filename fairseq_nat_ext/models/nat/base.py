@@ -53,6 +53,20 @@ class PluginNATModel(FairseqNATModel):
     def mask_idx(self):
         return self.decoder.mask_idx
 
+    def target_limit(self):
+        """(longest dataset target, ``</s>`` included, the model can produce; the option that sets it).
+        Decoder sequences hold ``<s>`` ... ``</s>`` (edit models) or the content within
+        max_positions - 2 (Mask-Predict's decoding), so one position goes to the special symbols."""
+        n = self.decoder.max_positions()
+        return n - 1, f"--max-target-positions {n}, one position kept for <s>"
+
+    def max_positions(self):
+        return self.encoder.max_positions(), self.target_limit()[0]
+
+    def length_limits(self):
+        """Notes naming the options behind :meth:`max_positions` (for one-line data errors)."""
+        return {"source": self.encoder.source_limit()[1], "target": self.target_limit()[1]}
+
 
 class EditNATModel(PluginNATModel):
     """Edit-based models (Levenshtein, Insertion): sequences are ``<s> ... </s>``, the first decoder

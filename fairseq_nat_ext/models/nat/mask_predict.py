@@ -121,6 +121,15 @@ class MaskPredictModel(PluginNATModel):
     def allow_length_beam(self):
         return True
 
+    def target_limit(self):
+        """Length classes 0..C-1 hold the content length: a target (with </s>) of more than C tokens
+        has no class (without --pred-length-offset, whose range depends on the source)."""
+        n, why = super().target_limit()
+        c = self.decoder.length_classes
+        if not self.decoder.pred_length_offset and c < n:
+            n, why = c, f"--length-classes {c}: content lengths 0..{c - 1}"
+        return n, why
+
     @staticmethod
     def add_args(parser):
         PluginNATModel.add_args(parser)

@@ -25,6 +25,10 @@ ATTENTION_REGISTRY: Dict[str, Type[nn.Module]] = {}
 #: variants allowed to build an N x N tensor; every other one must stay sub-quadratic in memory
 QUADRATIC_VARIANTS = frozenset({"full", "full_explicit", "synthesizer_dense", "synthesizer_random"})
 
+#: variants whose parameters or tables are sized by ``--max-positions``: longer inputs cannot work
+POSITION_TIED_VARIANTS = frozenset({"linformer", "synthesizer_dense", "synthesizer_random", "bigbird", "lsh",
+                                    "routing", "sinkhorn"})
+
 
 def register_attention(name: str) -> Callable[[Type[nn.Module]], Type[nn.Module]]:
     def wrap(cls):

@@ -1,0 +1,68 @@
+"""Shared pieces of the reliability tests (tests/test_reliability_*.py).
+
+``ARCHS`` lists every translation arch of the plugin with the flags of a very small model: adding an
+arch to the reliability tests is one entry here.  ``train_inprocess`` runs fairseq-train's own main()
+inside the test process (no interpreter start-up, no fairseq import: seconds instead of ~10 s); tests
+that are about the command line itself (one-line stderr, SIGKILL, torchrun, stdin) use ``run_cli``.
+"""
+import os
+import subprocess
+
+from conftest import PLUGIN_DIR, VENV_BIN, cli_env
+
+import fairseq_nat_ext  # noqa: F401,E402  (compat: checkpoints load with the allow-list)
+
+SMALL_DIMS = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32",
+              "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
+              "--encoder-attention-heads", "2", "--decoder-attention-heads", "2"]
+
+#: name -> fairseq-train flags selecting task, arch and criterion (a tiny model); one line per arch
+ARCHS = {
+    "mask_predict": ["--task", "nat_translation", "--arch", "mask_predict_tiny", "--criterion", "mask_predict_loss"],
+    "levenshtein": ["--task", "nat_translation", "--arch", "levenshtein_tiny", "--criterion", "levenshtein_loss"],
+    "insertion": ["--task", "nat_translation", "--arch", "insertion_tiny", "--criterion", "insertion_loss"],
+    "efficient_transformer": ["--task", "nat_translation", "--arch", "efficient_transformer",
+                              "--criterion", "label_smoothed_cross_entropy", "--encoder-attention-type", "local",
+                              "--attention-window", "2", "--share-all-embeddings"],
+}
+
+#: flags of every tiny training run (few updates, no validation, no epoch checkpoints)
+TRAIN_BASE = ["--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "400", "--num-workers", "0",
+              "--seed", "1", "--no-epoch-checkpoints", "--disable-validation", "--log-format", "simple"]
+
+
+def train_args(data_bin, arch, save_dir, *extra, updates=2):
+    return [data_bin, "--user-dir", PLUGIN_DIR, *ARCHS[arch], *SMALL_DIMS, *TRAIN_BASE,
+            "--max-update", str(updates), "--save-dir", str(save_dir), *extra]
+
+
+def train_inprocess(argv):
+    """fairseq-train's main() on ``argv`` (fairseq-train's arguments) in this process."""
+    from fairseq import distributed_utils, options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq_cli.train import main
+
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, [str(a) for a in argv])
+    distributed_utils.call_main(convert_namespace_to_omegaconf(args), main)
+
+
+def files_in(path):
+    return sorted(os.listdir(path)) if os.path.isdir(path) else []
+
+
+def popen_cli(args, log_path, env_extra=None):
+    """Start a console script of the venv in its own session, output to ``log_path``."""
+    env = cli_env()
+    env.update(env_extra or {})
+    exe = os.path.join(VENV_BIN, args[0])
+    log = open(log_path, "w")
+    return subprocess.Popen([exe, *map(str, args[1:])], stdout=log, stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True), log
+
+
+def one_error_line(stderr):
+    """The error line of a failed command: exactly one line starting with 'error: ' and no traceback."""
+    lines = [line for line in stderr.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr[-3000:]
+    return lines[0]
