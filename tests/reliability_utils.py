@@ -21,6 +21,8 @@ ARCHS = {
     "mask_predict": ["--task", "nat_translation", "--arch", "mask_predict_tiny", "--criterion", "mask_predict_loss"],
     "levenshtein": ["--task", "nat_translation", "--arch", "levenshtein_tiny", "--criterion", "levenshtein_loss"],
     "insertion": ["--task", "nat_translation", "--arch", "insertion_tiny", "--criterion", "insertion_loss"],
+    "ctc_nat": ["--task", "nat_translation", "--arch", "ctc_nat_tiny", "--criterion", "ctc_nat_loss"],
+    "imputer": ["--task", "nat_translation", "--arch", "imputer_tiny", "--criterion", "imputer_loss"],
     "efficient_transformer": ["--task", "nat_translation", "--arch", "efficient_transformer",
                               "--criterion", "label_smoothed_cross_entropy", "--encoder-attention-type", "local",
                               "--attention-window", "2", "--share-all-embeddings"],
