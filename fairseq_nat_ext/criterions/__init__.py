@@ -5,3 +5,5 @@ from . import insertion_loss  # noqa: F401
 from . import kermit_loss  # noqa: F401
 from . import ctc_loss  # noqa: F401
 from . import imputer_loss  # noqa: F401
+from . import fertility_loss  # noqa: F401
+from . import refinement_loss  # noqa: F401
