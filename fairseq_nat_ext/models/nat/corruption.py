@@ -11,14 +11,13 @@ position is drawn independently with probability p (``generator``: an optional t
 * :func:`swap_next`: y_t and y_(t+1) exchange (only where t+1 is content).  Swapped pairs never
   overlap: going left to right, a draw at t is dropped when t-1 swapped (within a run of consecutive
   draws starting at a, the swaps are at a, a+2, a+4, ...).
-* :func:`corrupt`: the three in that order, each applied to the previous one's output.
+* :func:`corrupt`: the three in that order, each applied to the previous one's output (a noise with
+  p = 0 draws nothing, so it consumes no random numbers).
 """
 import torch
 
 
 def _draw(content, p, generator):
-    if p <= 0:
-        return torch.zeros_like(content)
     u = torch.rand(content.shape, device=content.device, generator=generator)
     return (u < p) & content
 
@@ -30,18 +29,24 @@ def _has_next(content):
 
 
 def random_replace(tokens, content, p, vocab, generator=None):
+    if p <= 0:
+        return tokens
     drawn = _draw(content, p, generator)
     idx = torch.randint(0, vocab.numel(), tokens.shape, device=tokens.device, generator=generator)
     return torch.where(drawn, vocab.to(tokens.device)[idx], tokens)
 
 
 def repeat_next(tokens, content, p, generator=None):
+    if p <= 0:
+        return tokens
     drawn = _draw(content, p, generator) & _has_next(content)
     nxt = torch.cat([tokens[:, 1:], tokens[:, -1:]], 1)
     return torch.where(drawn, nxt, tokens)
 
 
 def swap_next(tokens, content, p, generator=None):
+    if p <= 0:
+        return tokens
     drawn = _draw(content, p, generator) & _has_next(content)
     T = tokens.size(1)
     pos = torch.arange(T, device=tokens.device).unsqueeze(0).expand_as(drawn)
