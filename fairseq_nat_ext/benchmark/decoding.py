@@ -15,10 +15,17 @@ key             fairseq option                   type     used by
 ``force_iter``  ``--iter-decode-force-max-iter`` bool     iterative (NAT) decoding: no early stop
 ``eos_penalty`` ``--iter-decode-eos-penalty``    float    fairseq's IterativeRefinementGenerator
 ``block``       ``--iter-decode-max-iter``       int      Imputer: block size B = decoding steps
+``fertility``   (label, sets nothing)            choice   nat_fertility: ``aligner`` or ``attention``
+``npd``         ``--npd-samples`` (task option)  int      nat_fertility: noisy parallel decoding
 ==============  ===============================  =======  ==========================================
 
 ``block`` and ``iter`` name the same fairseq option (the Imputer takes exactly B steps), so a string
-gives at most one of them.  ``beam`` is also CTC prefix beam search (``ctc_nat``; ``beam=1`` greedy).
+gives at most one of them.  ``iter=0`` is allowed for fairseq's IterativeRefinementGenerator, which
+counts passes from 0 (``iter=0``: a single pass, e.g. fairseq's ``nonautoregressive_transformer``);
+this plugin's generators treat it as 1.  ``npd`` is set on the generation options as ``npd_samples``
+(the nat_fertility generator reads it there before the task's ``--npd-samples``); ``fertility`` names
+how the system's training fertilities were made and is checked by that generator against the
+checkpoint's fertility directory when present.  ``beam`` is also CTC prefix beam search (``ctc_nat``; ``beam=1`` greedy).
 A generator may declare the keys it reads (``decoding_keys``); the harness then refuses the others.
 
 :func:`format_decoding` writes the canonical form: keys in the order of the table, integers (and
@@ -40,7 +47,13 @@ KEYS = {
     "force_iter": ("iter_decode_force_max_iter", bool, "nat"),
     "eos_penalty": ("iter_decode_eos_penalty", float, "nat"),
     "block": ("iter_decode_max_iter", int, "nat"),
+    "fertility": ("fertility_source", str, "label"),
+    "npd": ("npd_samples", int, "nat"),
 }
+#: allowed values of the string keys
+CHOICES = {"fertility": ("aligner", "attention")}
+#: integer keys whose smallest value is 0 (the others: 1)
+ZERO_OK = ("max_len_b", "iter")
 _PAIR_RE = re.compile(r"^([a-z_]+)=([^,=\s]+)$")
 _TRUE, _FALSE = {"1", "true", "yes"}, {"0", "false", "no"}
 
@@ -54,6 +67,10 @@ def _parse_value(key, text):
         if low in _FALSE:
             return False
         raise ValueError(f"decoding: {key}={text}: expected 1/0 (or true/false)")
+    if typ is str:
+        if text not in CHOICES[key]:
+            raise ValueError(f"decoding: {key}={text}: expected one of {', '.join(CHOICES[key])}")
+        return text
     try:
         value = float(text)
     except ValueError:
@@ -64,8 +81,9 @@ def _parse_value(key, text):
         if not value.is_integer():
             raise ValueError(f"decoding: {key}={text}: expected an integer")
         value = int(value)
-        if value < (0 if key == "max_len_b" else 1):
-            raise ValueError(f"decoding: {key}={text}: must be >= {0 if key == 'max_len_b' else 1}")
+        low = 0 if key in ZERO_OK else 1
+        if value < low:
+            raise ValueError(f"decoding: {key}={text}: must be >= {low}")
     return value
 
 
@@ -119,8 +137,8 @@ def is_canonical_decoding(text):
 
 
 def decoding_kinds(options):
-    """The set of generator kinds (``"ar"``, ``"nat"``) the options are meant for."""
-    return {KEYS[k][2] for k in options}
+    """The set of generator kinds (``"ar"``, ``"nat"``) the options are meant for (labels excluded)."""
+    return {KEYS[k][2] for k in options} - {"label"}
 
 
 def generation_options(options, **extra):

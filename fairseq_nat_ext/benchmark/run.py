@@ -76,6 +76,9 @@ def build_parser():
     p.add_argument("--valid-tune", action="store_true",
                    help="log each decoding's tokenised BLEU on --valid-subset first")
     p.add_argument("--valid-subset", default="valid")
+    p.add_argument("--generation-option", action="append", default=[], metavar="NAME=VALUE",
+                   help="set a further generation option read by the generator (a string), e.g. "
+                        "npd_teacher=teacher.pt for nat_fertility's noisy parallel decoding (repeatable)")
     p.add_argument("--cuda", action="store_true", help="decode on CUDA when available")
     p.add_argument("--no-plot", action="store_true", help="do not redraw <benchmark>.png")
     p.add_argument("--command", help="text of the results' 'command' field")
@@ -106,6 +109,13 @@ def _check_args(p, args):
             p.error(f"--{name.replace('_', '-')} must be >= 0")
     if args.limit is not None and args.limit < 1:
         p.error("--limit must be >= 1")
+    extra = {}
+    for item in args.generation_option:
+        name, sep, value = item.partition("=")
+        if not sep or not name.isidentifier():
+            p.error(f"--generation-option {item!r}: expected NAME=VALUE")
+        extra[name] = value
+    args.generation_extra = extra
     if not os.path.isfile(args.raw_ref):
         p.error(f"--raw-ref {args.raw_ref}: no such file")
 
@@ -164,7 +174,8 @@ def _valid_tune(system, args):
             refs[int(sid)] = scoring.remove_bpe(tgt_dict.string(t[t.ne(tgt_dict.pad())].int()))
     refs = [refs[i] for i in range(len(dataset))]
     for d in args.decoding:
-        generator = task.build_generator(models, dec.generation_options(dec.parse_decoding(d)))
+        generator = task.build_generator(models, dec.generation_options(dec.parse_decoding(d),
+                                                                        **args.generation_extra))
         hyps = inf.in_order(inf.decode(task, generator, models, batches, system.use_cuda),
                             len(dataset))
         tok = [scoring.remove_bpe(inf.hypothesis_string(h, tgt_dict, generator)) for h in hyps]
@@ -229,7 +240,7 @@ def benchmark_system(args, refs, tok_refs, save_row):
 
     for d in args.decoding:
         options = dec.parse_decoding(d)
-        generator = task.build_generator(models, dec.generation_options(options))
+        generator = task.build_generator(models, dec.generation_options(options, **args.generation_extra))
         accepted = getattr(generator, "decoding_keys", None)
         if accepted is not None:  # the generator says which keys it reads (e.g. CTC: beam)
             unused = sorted(set(options) - set(accepted))
