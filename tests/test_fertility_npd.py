@@ -193,3 +193,33 @@ def test_npd_option_errors(model_task, tmp_path):
     NPDGenerator([model], task.target_dictionary, fertility_label="aligner").configure(cfg)
     with pytest.raises(InputError, match="trained on aligner fertilities"):
         NPDGenerator([model], task.target_dictionary, fertility_label="attention").configure(cfg)
+
+
+def test_benchmark_decoding_keys_of_this_issue():
+    from fairseq_nat_ext.benchmark import decoding as dec
+
+    assert dec.canonical_decoding("npd=10,fertility=aligner") == "fertility=aligner,npd=10"
+    assert dec.parse_decoding("fertility=attention,npd=1") == {"fertility": "attention", "npd": 1}
+    assert dec.canonical_decoding("iter=0") == "iter=0"  # fairseq's single-pass NAT decoding
+    for bad in ("fertility=bpe", "npd=0", "npd=2.5", "len_beam=0", "block=0"):
+        with pytest.raises(ValueError):
+            dec.parse_decoding(bad)
+    ns = dec.generation_options({"fertility": "aligner", "npd": 10}, npd_teacher="t.pt")
+    assert (ns.npd_samples, ns.fertility_source, ns.npd_teacher) == (10, "aligner", "t.pt")
+    assert dec.decoding_kinds({"fertility": "aligner", "npd": 10}) == {"nat"}
+    assert set(NPDGenerator.decoding_keys) == {"fertility", "npd"}
+
+
+def test_generation_args_take_precedence_over_the_task_config(model_task):
+    task, model, _ = model_task
+    from fairseq_nat_ext.benchmark import decoding as dec
+
+    gen = task.build_generator([model], dec.generation_options({"npd": 1}))
+    assert isinstance(gen, NPDGenerator) and gen.samples == 1
+    task.cfg.npd_samples = 4
+    try:
+        with pytest.raises(InputError, match="--npd-samples 4 needs --npd-teacher"):  # read from the task
+            task.build_generator([model], dec.generation_options({}))
+        assert task.build_generator([model], dec.generation_options({"npd": 1})).samples == 1
+    finally:
+        task.cfg.npd_samples = 1

@@ -109,3 +109,20 @@ def test_fertility_files_roundtrip_and_errors(tmp_path):
     ff.write_method(str(tmp_path), "attention teacher x.pt")
     assert ff.fertility_method(str(tmp_path)) == "attention"
     assert ff.fertility_method(str(tmp_path / "none")) is None
+
+
+def test_fertility_from_attention_matches_a_loop():
+    g = torch.Generator().manual_seed(0)
+    B, T, S = 4, 6, 5
+    attn = torch.rand(B, T, S, generator=g)
+    src_mask = torch.rand(B, S, generator=g) < 0.7
+    src_mask[:, 0] = True
+    tgt_mask = torch.rand(B, T, generator=g) < 0.8
+    out = fertility_from_attention(attn, src_mask, tgt_mask)
+    for b in range(B):
+        ref = [0] * S
+        for t in range(T):
+            if tgt_mask[b, t]:
+                allowed = [s for s in range(S) if src_mask[b, s]]
+                ref[max(allowed, key=lambda s: (float(attn[b, t, s]), -s))] += 1
+        assert out[b].tolist() == ref

@@ -189,3 +189,37 @@ def test_decoding_stops_when_the_output_no_longer_changes(built, adaptive):
     one = RefinementGenerator([model], task.target_dictionary, max_iter=1).generate([model], sample)
     assert all(h[0]["steps"] == 1 for h in one)
     assert [h[0]["history"][0]["tokens"].tolist() for h in hyps] == [h[0]["tokens"].tolist() for h in one]
+
+
+def test_batched_decoding_matches_a_sentence_by_sentence_reference(built):
+    """The generator against a slow loop: one sentence at a time, argmax length, pass 1 from the copied
+    source, then refine until a pass returns its input or max_iter passes."""
+    task, model, _ = built
+    from fairseq_nat_ext.generators.refinement import RefinementGenerator
+
+    model.eval()
+    task.load_dataset("test")
+    ds = task.dataset("test")
+    sample = ds.collater([ds[i] for i in range(12)])
+    hyps = RefinementGenerator([model], task.target_dictionary, max_iter=5).generate([model], sample)
+    d = task.target_dictionary
+    forbidden = [d.pad(), d.bos(), d.eos(), model.mask_idx]
+    src, src_len = sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"]
+    with torch.no_grad():
+        for b in range(src.size(0)):
+            row = src[b][src[b].ne(d.pad())].unsqueeze(0)
+            enc = model.encoder(row, src_lengths=src_len[b:b + 1])
+            n = int(model.decoder.class_to_length(model.decoder.forward_length(enc).argmax(-1, keepdim=True), enc))
+            n = max(1, min(n, model.decoder.max_positions() - 2))
+            y, steps, first = torch.full((1, n), model.mask_idx), 0, True
+            while steps < 5:
+                lp = model.decoder(y, enc, normalize=True, copy_source=first)
+                lp[..., forbidden] = float("-inf")
+                new = lp.argmax(-1)
+                steps += 1
+                done = not first and torch.equal(new, y)
+                y, first = new, False
+                if done:
+                    break
+            assert hyps[b][0]["tokens"].tolist() == y[0].tolist() + [d.eos()], b
+            assert hyps[b][0]["steps"] == steps
