@@ -223,3 +223,34 @@ def test_generation_args_take_precedence_over_the_task_config(model_task):
         assert task.build_generator([model], dec.generation_options({"npd": 1})).samples == 1
     finally:
         task.cfg.npd_samples = 1
+
+
+def test_fairseq_reranker_shim_scores_like_our_teacher_scoring(toy_databin):
+    """fairseq's --iter-decode-with-external-reranker (the NPD speed baseline) crashes on dict encoder
+    outputs; the compat shim restores it, and it scores candidates exactly as teacher_scores does."""
+    import fairseq_nat_ext  # noqa: F401  (applies the shim)
+    from fairseq import options, tasks
+    from fairseq.iterative_refinement_generator import IterativeRefinementGenerator
+
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        toy_databin[0], "--task", "translation", "--arch", "transformer", "--share-all-embeddings",
+        "--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
+        "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2",
+        "--decoder-attention-heads", "2", "--dropout", "0"])
+    task = tasks.setup_task(args)
+    torch.manual_seed(0)
+    teacher = task.build_model(args).eval()
+    d = task.target_dictionary
+    src = torch.tensor([[1, 20, 21, 2], [22, 23, 24, 2]])
+    src_len = torch.tensor([3, 4])
+    ys = [[30, 31, 32], [33], [34, 35], [36, 37, 38, 39]]  # 2 candidates per sentence
+    finalized = [[{"tokens": torch.tensor([d.bos()] + y + [d.eos()]), "score": 0.0}] for y in ys]
+    gen = IterativeRefinementGenerator(d, beam_size=2, reranking=True)
+    with torch.no_grad():
+        out = gen.rerank(teacher, finalized, [src, src_len], 2)
+    tokens = torch.full((4, 4), d.pad())
+    for i, y in enumerate(ys):
+        tokens[i, : len(y)] = torch.tensor(y)
+    lengths = torch.tensor([len(y) for y in ys])
+    ours = teacher_scores(teacher, src, src_len, torch.tensor([0, 0, 1, 1]), tokens, lengths, d.pad(), d.eos())
+    assert torch.allclose(torch.stack([f[0]["score"] for f in out]), ours, atol=1e-5)

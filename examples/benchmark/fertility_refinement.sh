@@ -15,6 +15,9 @@
 #                         fertility=attention,npd=1|10|100      (FERT_*_RAW_CKPT, distilled=false)
 #   iterative_refinement  iter=1, iter=2, iter=5, iter=10       distilled
 #   fairseq:nonautoregressive_transformer            iter=0     distilled, one pass
+#   fairseq:nonautoregressive_transformer   iter=0,len_beam=10,reranker=1   the same model with fairseq's
+#                         own reranking path (--iter-decode-with-external-reranker: 10 length candidates
+#                         rescored by TEACHER_CKPT, the last model of --path), the NPD speed baseline
 #   fairseq:iterative_nonautoregressive_transformer  iter=10    distilled
 #   reference             none
 # Every row has its repeated-token rate (with/without distillation, with NPD).  npd=s decodes the
@@ -47,6 +50,7 @@
 #                     (e.g. "fert_aligner: 3000 + 500 REINFORCE updates"); written into the results'
 #                     "data" field
 #   NPD_SAMPLES       default "1 10 100"
+#   RERANK_BEAM       length candidates of the fairseq_rerank row (default 10)
 #   THREADS           torch threads, the same for every system (default 2)
 #   LATENCY_SENTENCES batch-1 latency on the first N test sentences (default 200; 0 = all)
 #   LIMIT             benchmark only the first N test sentences (smoke tests only; needs a RAW_REF
@@ -57,7 +61,8 @@
 #   TRAIN_COMMAND     how the systems were trained (same data and budget for ours and fairseq's),
 #                     recorded in the results' "command"
 #   SYSTEMS           which rows to (re)measure, default "teacher fert_aligner fert_attention
-#                     fert_aligner_raw fert_attention_raw refine fairseq_nat fairseq_iter reference"
+#                     fert_aligner_raw fert_attention_raw refine fairseq_nat fairseq_rerank fairseq_iter
+#                     reference"
 #   PYTHON            default: the repo's .venv/bin/python when present, else python
 set -euo pipefail
 
@@ -83,25 +88,27 @@ FAIRSEQ_NAT_CKPT="${FAIRSEQ_NAT_CKPT:-$REPO/runs/fairseq_nat/checkpoint_avg.pt}"
 FAIRSEQ_ITER_CKPT="${FAIRSEQ_ITER_CKPT:-$REPO/runs/fairseq_iter/checkpoint_avg.pt}"
 REINFORCE_NOTE="${REINFORCE_NOTE:-}"
 NPD_SAMPLES="${NPD_SAMPLES:-1 10 100}"
+RERANK_BEAM="${RERANK_BEAM:-10}"
 THREADS="${THREADS:-2}"
 LATENCY_SENTENCES="${LATENCY_SENTENCES:-200}"
 LIMIT="${LIMIT:-}"
 OUT="${OUT:-benchmarks/results/fertility_refinement.json}"
 README="${README:-README.md}"
 CUDA="${CUDA:-0}"
-ALL_SYSTEMS="teacher fert_aligner fert_attention fert_aligner_raw fert_attention_raw refine fairseq_nat fairseq_iter reference"
+ALL_SYSTEMS="teacher fert_aligner fert_attention fert_aligner_raw fert_attention_raw refine fairseq_nat fairseq_rerank fairseq_iter reference"
 SYSTEMS="${SYSTEMS:-$ALL_SYSTEMS}"
 want() { [[ " $SYSTEMS " == *" $1 "* ]]; }
 die() { echo "error: $*" >&2; exit 1; }
 
-# system -> variable prefix
-prefix() { echo "$1" | tr '[:lower:]' '[:upper:]'; }
+# system -> variable prefix (fairseq_rerank is fairseq_nat's model with the teacher as reranker)
+prefix() { if [[ "$1" == fairseq_rerank ]]; then echo FAIRSEQ_NAT; else echo "$1" | tr '[:lower:]' '[:upper:]'; fi; }
 ckpt_of() { local v; v="$(prefix "$1")_CKPT"; echo "${!v}"; }
 
 for s in $SYSTEMS; do
     [[ " $ALL_SYSTEMS " == *" $s "* ]] || die "SYSTEMS: unknown system '$s' ($ALL_SYSTEMS)"
 done
 for n in $NPD_SAMPLES; do [[ "$n" =~ ^[1-9][0-9]*$ ]] || die "NPD_SAMPLES: '$n' is not a positive integer"; done
+[[ "$RERANK_BEAM" =~ ^[1-9][0-9]*$ && "$RERANK_BEAM" -gt 1 ]] || die "RERANK_BEAM must be an integer >= 2, got '$RERANK_BEAM'"
 [[ -d "$DATA_BIN" ]] || die "DATA_BIN $DATA_BIN: no such directory"
 [[ -f "$RAW_REF" ]] || die "RAW_REF $RAW_REF: no such file"
 [[ -z "$LIMIT" || "$LIMIT" =~ ^[1-9][0-9]*$ ]] || die "LIMIT must be a positive integer, got '$LIMIT'"
@@ -116,12 +123,13 @@ done
 COMMAND="DATA_BIN=$DATA_BIN RAW_REF=$RAW_REF TEACHER_CKPT=$TEACHER_CKPT TEACHER_WALL_S=$TEACHER_WALL_S"
 [[ -n "$TEACHER_UPDATES" ]] && COMMAND+=" TEACHER_UPDATES=$TEACHER_UPDATES"
 for s in $SYSTEMS; do
-    case "$s" in teacher|reference) continue ;; esac
+    case "$s" in teacher|reference|fairseq_rerank) continue ;; esac
     p="$(prefix "$s")"
     COMMAND+=" ${p}_CKPT=$(ckpt_of "$s")"
     for v in "${p}_UPDATES" "${p}_WALL_S"; do [[ -n "${!v:-}" ]] && COMMAND+=" $v=${!v}"; done
 done
-COMMAND+=" NPD_SAMPLES='$NPD_SAMPLES' THREADS=$THREADS LATENCY_SENTENCES=$LATENCY_SENTENCES${LIMIT:+ LIMIT=$LIMIT}"
+[[ " $SYSTEMS " == *" fairseq_rerank "* && " $SYSTEMS " != *" fairseq_nat "* ]] && COMMAND+=" FAIRSEQ_NAT_CKPT=$FAIRSEQ_NAT_CKPT"
+COMMAND+=" NPD_SAMPLES='$NPD_SAMPLES' RERANK_BEAM=$RERANK_BEAM THREADS=$THREADS LATENCY_SENTENCES=$LATENCY_SENTENCES${LIMIT:+ LIMIT=$LIMIT}"
 [[ "$CUDA" == 1 ]] && COMMAND+=" CUDA=1"
 [[ "$SYSTEMS" != "$ALL_SYSTEMS" ]] && COMMAND+=" SYSTEMS='$SYSTEMS'"
 COMMAND+=" bash examples/benchmark/fertility_refinement.sh"
@@ -174,6 +182,9 @@ want refine && bench "${COMMON[@]}" --system-ckpt "$REFINE_CKPT" --distilled \
 # shellcheck disable=SC2046
 want fairseq_nat && bench "${COMMON[@]}" --system-ckpt "$FAIRSEQ_NAT_CKPT" --distilled \
     --decoding iter=0 $(train_stats fairseq_nat)
+# shellcheck disable=SC2046
+want fairseq_rerank && bench "${COMMON[@]}" --system-ckpt "$FAIRSEQ_NAT_CKPT:$TEACHER_CKPT" --distilled \
+    --decoding "iter=0,len_beam=$RERANK_BEAM,reranker=1" $(train_stats fairseq_rerank)
 # shellcheck disable=SC2046
 want fairseq_iter && bench "${COMMON[@]}" --system-ckpt "$FAIRSEQ_ITER_CKPT" --distilled \
     --decoding iter=10 $(train_stats fairseq_iter)

@@ -14,6 +14,8 @@ key             fairseq option                   type     used by
 ``len_beam``    ``--iter-decode-with-beam``      int      iterative (NAT) decoding: length beam
 ``force_iter``  ``--iter-decode-force-max-iter`` bool     iterative (NAT) decoding: no early stop
 ``eos_penalty`` ``--iter-decode-eos-penalty``    float    fairseq's IterativeRefinementGenerator
+``reranker``    ``--iter-decode-with-external-   bool     fairseq's IterativeRefinementGenerator: the
+                reranker``                                last ``--path`` model rescores the length beam
 ``block``       ``--iter-decode-max-iter``       int      Imputer: block size B = decoding steps
 ``fertility``   (label, sets nothing)            choice   nat_fertility: ``aligner`` or ``attention``
 ``npd``         ``--npd-samples`` (task option)  int      nat_fertility: noisy parallel decoding
@@ -46,6 +48,7 @@ KEYS = {
     "len_beam": ("iter_decode_with_beam", int, "nat"),
     "force_iter": ("iter_decode_force_max_iter", bool, "nat"),
     "eos_penalty": ("iter_decode_eos_penalty", float, "nat"),
+    "reranker": ("iter_decode_with_external_reranker", bool, "nat"),
     "block": ("iter_decode_max_iter", int, "nat"),
     "fertility": ("fertility_source", str, "label"),
     "npd": ("npd_samples", int, "nat"),
