@@ -398,6 +398,35 @@ def _patch_cpu_torchrun():
     dist_utils.infer_init_method = infer_init_method
 
 
+def _patch_nat_reranker():
+    """fairseq's IterativeRefinementGenerator.rerank (``--iter-decode-with-external-reranker``) reads
+    ``encoder_out.encoder_out``, an attribute of the old NamedTuple encoder output; Transformer encoders
+    now return dicts, so it raises AttributeError.  Same computation, batch size from the source."""
+    from fairseq.iterative_refinement_generator import IterativeRefinementGenerator
+
+    if getattr(IterativeRefinementGenerator.rerank, "_nat_ext_wrapped", False):
+        return
+
+    def rerank(self, reranker, finalized, encoder_input, beam_size):
+        hyps = [f[0]["tokens"] for f in finalized]  # <s> y </s>, B * beam_size rows, sentence-major
+        tokens = hyps[0].new_full((len(hyps), max(h.size(0) for h in hyps)), self.pad)
+        for i, h in enumerate(hyps):
+            tokens[i, : h.size(0)] = h
+        tokens[:, 0] = self.eos  # the AR model's decoder input starts with </s>
+        order = torch.arange(encoder_input[0].size(0), device=tokens.device).repeat_interleave(beam_size)
+        enc = reranker.encoder.reorder_encoder_out(reranker.encoder(*encoder_input), order)
+        lprobs = reranker.get_normalized_probs(reranker.decoder(tokens[:, :-1], enc), True, None)
+        scores = lprobs.gather(2, tokens[:, 1:, None])[:, :, 0]
+        keep = tokens[:, 1:].ne(self.pad)
+        scores = scores.masked_fill(~keep, 0).sum(1) / keep.sum(1).type_as(scores)
+        for i in range(len(finalized)):
+            finalized[i][0]["score"] = scores[i]
+        return finalized
+
+    rerank._nat_ext_wrapped = True
+    IterativeRefinementGenerator.rerank = rerank
+
+
 _applied = False
 
 
@@ -413,5 +442,6 @@ def apply():
     _patch_legacy_model_build()
     _patch_interactive_input()
     _patch_cpu_torchrun()
+    _patch_nat_reranker()
     _install_excepthook()
     _applied = True

@@ -17,6 +17,10 @@ RECIPES = [
     ("train_kermit.sh", {"SRC": "src", "TGT": "tgt"}),
     ("train_ctc.sh", {}),
     ("train_imputer.sh", {}),
+    ("train_fertility.sh", {"FERTILITY": "aligner", "MAX_FERTILITY": "8"}),
+    ("train_fertility.sh", {"IMPL": "fairseq"}),
+    ("train_refinement.sh", {"STEPS": "2"}),
+    ("train_refinement.sh", {"IMPL": "fairseq", "STEPS": "2"}),
 ]
 
 

@@ -14,17 +14,27 @@ key             fairseq option                   type     used by
 ``len_beam``    ``--iter-decode-with-beam``      int      iterative (NAT) decoding: length beam
 ``force_iter``  ``--iter-decode-force-max-iter`` bool     iterative (NAT) decoding: no early stop
 ``eos_penalty`` ``--iter-decode-eos-penalty``    float    fairseq's IterativeRefinementGenerator
+``reranker``    ``--iter-decode-with-external-   bool     fairseq's IterativeRefinementGenerator: the
+                reranker``                                last ``--path`` model rescores the length beam
 ``block``       ``--iter-decode-max-iter``       int      Imputer: block size B = decoding steps
+``fertility``   (label, sets nothing)            choice   nat_fertility: ``aligner`` or ``attention``
+``npd``         ``--npd-samples`` (task option)  int      nat_fertility: noisy parallel decoding
 ``order``       task ``--insertion-decoding``    str      Insertion Transformer: parallel/sequential
 ``dir``         (checked: ``SRC-TGT``)           str      a model that translates both ways (KERMIT)
 ``loss``        (checked: the checkpoint's)      str      which training loss the row's model used
 ==============  ===============================  =======  ==========================================
 
-``dir`` and ``loss`` set nothing: they name the row and the harness checks them against the run
-(``--src-lang``/``--tgt-lang``; the checkpoint's ``--insertion-loss``).
+``order`` is set on the task's config before its generator is built.  ``dir`` and ``loss`` set
+nothing: they name the row, and the harness checks them against the run (``--src-lang``/
+``--tgt-lang``; the checkpoint's ``--insertion-loss``).
 
 ``block`` and ``iter`` name the same fairseq option (the Imputer takes exactly B steps), so a string
-gives at most one of them.  ``beam`` is also CTC prefix beam search (``ctc_nat``; ``beam=1`` greedy).
+gives at most one of them.  ``iter=0`` is allowed for fairseq's IterativeRefinementGenerator, which
+counts passes from 0 (``iter=0``: a single pass, e.g. fairseq's ``nonautoregressive_transformer``);
+this plugin's generators treat it as 1.  ``npd`` is set on the generation options as ``npd_samples``
+(the nat_fertility generator reads it there before the task's ``--npd-samples``); ``fertility`` names
+how the system's training fertilities were made and is checked by that generator against the
+checkpoint's fertility directory when present.  ``beam`` is also CTC prefix beam search (``ctc_nat``; ``beam=1`` greedy).
 A generator may declare the keys it reads (``decoding_keys``); the harness then refuses the others.
 
 :func:`format_decoding` writes the canonical form: keys in the order of the table, integers (and
@@ -45,22 +55,26 @@ KEYS = {
     "len_beam": ("iter_decode_with_beam", int, "nat"),
     "force_iter": ("iter_decode_force_max_iter", bool, "nat"),
     "eos_penalty": ("iter_decode_eos_penalty", float, "nat"),
+    "reranker": ("iter_decode_with_external_reranker", bool, "nat"),
     "block": ("iter_decode_max_iter", int, "nat"),
+    "fertility": ("fertility_source", str, "label"),
+    "npd": ("npd_samples", int, "nat"),
     "order": ("insertion_decoding", str, "task"),
     "dir": (None, str, "info"),
     "loss": (None, str, "info"),
 }
+#: allowed values of the string keys (the others: one word)
+CHOICES = {"fertility": ("aligner", "attention"), "order": ("parallel", "sequential"),
+           "loss": ("binary_tree", "uniform")}
 _WORD_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
+#: integer keys whose smallest value is 0 (the others: 1)
+ZERO_OK = ("max_len_b", "iter")
 _PAIR_RE = re.compile(r"^([a-z_]+)=([^,=\s]+)$")
 _TRUE, _FALSE = {"1", "true", "yes"}, {"0", "false", "no"}
 
 
 def _parse_value(key, text):
     _, typ, _ = KEYS[key]
-    if typ is str:
-        if not _WORD_RE.match(text):
-            raise ValueError(f"decoding: {key}={text}: expected a word (letters, digits, - and _)")
-        return text
     if typ is bool:
         low = text.lower()
         if low in _TRUE:
@@ -68,6 +82,12 @@ def _parse_value(key, text):
         if low in _FALSE:
             return False
         raise ValueError(f"decoding: {key}={text}: expected 1/0 (or true/false)")
+    if typ is str:
+        if key in CHOICES and text not in CHOICES[key]:
+            raise ValueError(f"decoding: {key}={text}: expected one of {', '.join(CHOICES[key])}")
+        if not _WORD_RE.match(text):
+            raise ValueError(f"decoding: {key}={text}: expected a word (letters, digits, - and _)")
+        return text
     try:
         value = float(text)
     except ValueError:
@@ -78,8 +98,9 @@ def _parse_value(key, text):
         if not value.is_integer():
             raise ValueError(f"decoding: {key}={text}: expected an integer")
         value = int(value)
-        if value < (0 if key == "max_len_b" else 1):
-            raise ValueError(f"decoding: {key}={text}: must be >= {0 if key == 'max_len_b' else 1}")
+        low = 0 if key in ZERO_OK else 1
+        if value < low:
+            raise ValueError(f"decoding: {key}={text}: must be >= {low}")
     return value
 
 
@@ -133,13 +154,15 @@ def is_canonical_decoding(text):
 
 
 def decoding_kinds(options):
-    """The set of generator kinds (``"ar"``, ``"nat"``) the options are meant for."""
-    return {KEYS[k][2] for k in options} - {"task", "info"}
+    """The set of generator kinds (``"ar"``, ``"nat"``) the options are meant for (labels, task
+    options and row names excluded)."""
+    return {KEYS[k][2] for k in options} - {"label", "task", "info"}
 
 
 def split_options(options):
-    """-> (generation options, task-config options {cfg field: value}, info options {key: value})."""
-    gen = {k: v for k, v in options.items() if KEYS[k][2] in ("ar", "nat")}
+    """-> (generation options (ar, nat and label keys), task-config options {cfg field: value},
+    info options {key: value})."""
+    gen = {k: v for k, v in options.items() if KEYS[k][2] in ("ar", "nat", "label")}
     task = {KEYS[k][0]: v for k, v in options.items() if KEYS[k][2] == "task"}
     info = {k: v for k, v in options.items() if KEYS[k][2] == "info"}
     return gen, task, info
@@ -158,7 +181,7 @@ def generation_options(options, **extra):
         **{name: getattr(defaults, name) for name in GenerationConfig.__dataclass_fields__}
     )
     for key, value in options.items():
-        if KEYS[key][2] in ("ar", "nat"):
+        if KEYS[key][2] in ("ar", "nat", "label"):
             setattr(ns, KEYS[key][0], value)
     for name, value in extra.items():
         setattr(ns, name, value)

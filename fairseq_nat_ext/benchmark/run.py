@@ -77,6 +77,9 @@ def build_parser():
     p.add_argument("--valid-tune", action="store_true",
                    help="log each decoding's tokenised BLEU on --valid-subset first")
     p.add_argument("--valid-subset", default="valid")
+    p.add_argument("--generation-option", action="append", default=[], metavar="NAME=VALUE",
+                   help="set a further generation option read by the generator (a string), e.g. "
+                        "npd_teacher=teacher.pt for nat_fertility's noisy parallel decoding (repeatable)")
     p.add_argument("--cuda", action="store_true", help="decode on CUDA when available")
     p.add_argument("--no-plot", action="store_true", help="do not redraw <benchmark>.png")
     p.add_argument("--command", help="text of the results' 'command' field")
@@ -107,6 +110,13 @@ def _check_args(p, args):
             p.error(f"--{name.replace('_', '-')} must be >= 0")
     if args.limit is not None and args.limit < 1:
         p.error("--limit must be >= 1")
+    extra = {}
+    for item in args.generation_option:
+        name, sep, value = item.partition("=")
+        if not sep or not name.isidentifier():
+            p.error(f"--generation-option {item!r}: expected NAME=VALUE")
+        extra[name] = value
+    args.generation_extra = extra
     if not os.path.isfile(args.raw_ref):
         p.error(f"--raw-ref {args.raw_ref}: no such file")
 
@@ -293,7 +303,8 @@ def _build_generator(task, models, d, args, name):
             raise SystemExit(f"error: decoding {d}: the {type(task).__name__} of {name} has no "
                              f"option {field_name}")
         setattr(task.cfg, field_name, value)
-    return task.build_generator(models, dec.generation_options(options)), options
+    extra = getattr(args, "generation_extra", {})
+    return task.build_generator(models, dec.generation_options(options, **extra)), options
 
 
 def _check_info(info, args, model, d):

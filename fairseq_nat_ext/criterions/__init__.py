@@ -6,3 +6,5 @@ from . import kermit_loss  # noqa: F401
 from . import ctc_loss  # noqa: F401
 from . import imputer_loss  # noqa: F401
 from . import pointer_cross_entropy  # noqa: F401
+from . import fertility_loss  # noqa: F401
+from . import refinement_loss  # noqa: F401

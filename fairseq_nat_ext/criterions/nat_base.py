@@ -64,6 +64,10 @@ class NATLossBase(FairseqCriterion):
         eps = part.get("ls", self.eps) if name != "length" else 0.0
         return label_smoothed_nll(part["out"], part["tgt"], part.get("mask"), eps)
 
+    def part_factor(self, name, part):
+        """The weight of a named output in the total (the model's ``factor``; subclasses may override)."""
+        return part.get("factor", 1.0)
+
     def forward(self, model, sample, reduce=True):
         if "prev_target" not in sample:
             raise KeyError(
@@ -76,7 +80,7 @@ class NATLossBase(FairseqCriterion):
             loss, nll, *extra = self.part_loss(name, part)
             if extra:
                 log.update(extra[0])
-            factor = part.get("factor", 1.0)
+            factor = self.part_factor(name, part)
             total = total + factor * loss
             total_nll = total_nll + factor * nll
             log[f"{name}-loss"] = utils.item(loss.data)

@@ -3,3 +3,5 @@
 from .mask_predict import MaskPredictGenerator  # noqa: F401
 from .ctc import CTCGenerator  # noqa: F401
 from .imputer import ImputerGenerator  # noqa: F401
+from .npd import NPDGenerator  # noqa: F401
+from .refinement import RefinementGenerator  # noqa: F401

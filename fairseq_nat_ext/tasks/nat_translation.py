@@ -11,10 +11,18 @@
   of different lengths, a pair longer than the model accepts (fairseq would skip long training pairs
   silently and print a traceback for long valid/test pairs; ``--skip-invalid-size-train`` and
   fairseq's ``--skip-invalid-size-inputs-valid-test`` restore the skipping).
+  Generator options that fairseq's generation config lacks are fields of this task's config, read by
+  the generator's ``configure(task_cfg)`` (``--insertion-decoding``, ``--npd-samples``, ...).
+* ``--fertility-path DIR`` (the fertility NAT): every split with a ``DIR/{split}.fert`` file
+  (``fairseq_nat_ext/data/fertility.py``) is checked against the split (one value per source token,
+  summing to the target length; one-line error naming file and line) and its batches carry
+  ``sample["fertility"]``.  A train split without its file is an error; other splits without one
+  (e.g. the test split at decoding time) are loaded as usual.
 """
 import logging
 import os
 from dataclasses import dataclass, field
+from typing import Optional
 
 import numpy as np
 import torch
@@ -43,6 +51,22 @@ class NATTranslationConfig(TranslationConfig):
         default=False,
         metadata={"help": "skip training pairs longer than the model accepts (fairseq's translation "
                           "behaviour) instead of stopping with an error naming the first one"},
+    )
+    fertility_path: Optional[str] = field(
+        default=None,
+        metadata={"help": "directory of fertility files {split}.fert (one line per sentence, one value "
+                          "per source token without </s>), made by examples/fertility.sh; needed to "
+                          "train nat_fertility"},
+    )
+    npd_samples: int = field(
+        default=1,
+        metadata={"help": "nat_fertility decoding: noisy parallel decoding with the argmax fertilities "
+                          "plus s-1 sampled ones, rescored by --npd-teacher (1 = argmax only)"},
+    )
+    npd_teacher: Optional[str] = field(
+        default=None,
+        metadata={"help": "autoregressive fairseq checkpoint that scores the noisy parallel decoding "
+                          "candidates (one teacher-forced pass); needed when --npd-samples > 1"},
     )
 
 
@@ -136,6 +160,9 @@ class NATTranslationTask(TranslationTask):
                 del self.datasets[split]
                 raise InputError(f"nat_translation: {path} line {problem[0] + 1}: {problem[1]}")
 
+        if self.cfg.fertility_path:
+            self._attach_fertility(split)
+
     def build_model(self, cfg, from_checkpoint=False):
         model = super().build_model(cfg, from_checkpoint)
         limits = getattr(model, "length_limits", None)
@@ -175,6 +202,28 @@ class NATTranslationTask(TranslationTask):
         hint = ("--skip-invalid-size-train skips such training pairs" if split == self.cfg.train_subset
                 else "--skip-invalid-size-inputs-valid-test skips them")
         raise InputError(f"nat_translation: {where}: {msg}; shorten or drop it ({hint})")
+
+    def _attach_fertility(self, split):
+        from ..data.fertility import check_fertility, fertility_file, read_fertility_file
+        from ..data.fertility_dataset import FertilityDataset
+
+        name = fertility_file(self.cfg.fertility_path, split)
+        if not os.path.isfile(name):
+            if split.startswith("train"):
+                raise InputError(f"nat_translation: --fertility-path: {name} not found (make it with "
+                                 "examples/fertility.sh)")
+            logger.info("no fertility file %s: split %s is loaded without fertilities", name, split)
+            return
+        dataset = self.datasets[split]
+        if getattr(dataset, "tgt_sizes", None) is None:
+            logger.info("split %s has no target side: loaded without fertilities", split)
+            return
+        try:
+            rows = read_fertility_file(name)
+            check_fertility(rows, dataset.src_sizes - 1, dataset.tgt_sizes - 1, name)
+        except ValueError as err:
+            raise InputError(str(err)) from None
+        self.datasets[split] = FertilityDataset(dataset, rows, name)
 
     def get_batch_iterator(self, dataset, max_tokens=None, max_sentences=None, max_positions=None,
                            ignore_invalid_inputs=False, required_batch_size_multiple=1, **kwargs):

@@ -1,0 +1,249 @@
+"""Decoding of ``nat_fertility``: argmax fertilities, or noisy parallel decoding (NPD, Gu et al. 2018)
+rescored by an autoregressive teacher.  Batched on tensors, CPU or CUDA (the device of the input).
+
+Options (task config fields, read through ``configure``; fairseq-generate ``--npd-samples s
+--npd-teacher AT.pt``):
+* s = 1 (default): every source token's argmax fertility; one decoder pass; score = the mean
+  log-probability of the output tokens.
+* s > 1: the argmax fertilities plus s - 1 fertility sequences sampled from the classifier (every
+  source token independently), i.e. s candidates per sentence.  All B * s candidates are decoded in
+  ONE batched decoder pass (argmax token per position), then ALL are scored by the teacher in ONE
+  teacher-forced forward pass (no autoregressive loop): score = the teacher's mean log-probability
+  of the candidate's tokens and ``</s>``.  The best-scoring candidate of each sentence is returned
+  (ties: the lowest candidate, i.e. the argmax one first).  The teacher is a fairseq autoregressive
+  checkpoint sharing the target dictionary (its symbols are a prefix of ours, which add ``<mask>``);
+  it is loaded once per process and moved to the decoding device.
+* A candidate has at least one output token: when all of its fertilities are 0, its first source
+  token gets fertility 1.  Outputs are cut at the decoder's (and the teacher's) maximum length.
+* ``--path a.pt:b.pt``: fertility and token probabilities are averaged over the models (log-mean-exp).
+* ``--retain-iter-history``: one ``E-`` line per candidate (candidate order: argmax first).
+Hypotheses: tokens (ending in ``</s>``), score, positional_scores (the NAT's own log-probs; 0 for
+``</s>``), alignment=None, steps=1 (decoder passes; the teacher's pass is not a decoder pass), and
+``npd_scores`` (the selection score of every candidate).
+
+Benchmark decoding keys (``decoding_keys``): ``npd`` (= ``--npd-samples``) and ``fertility`` -- a
+label naming how the model's training fertilities were made (``aligner``/``attention``); when the
+checkpoint's ``--fertility-path`` directory is present, its ``method`` file must agree with it.
+"""
+import math
+import os
+
+import torch
+
+from ..compat import InputError
+from ..models.nat.nat_fertility import source_fertility_mask
+from .projection import best_tokens, target_log_probs
+
+_TEACHERS = {}  # (checkpoint, data dir) -> teacher model, loaded once per process
+
+
+def load_teacher(path, data_dir, tgt_dict):
+    """The AT teacher of ``--npd-teacher`` (cached).  Its target dictionary must be a prefix of ours."""
+    key = (os.path.abspath(path), data_dir)
+    if key in _TEACHERS:
+        return _TEACHERS[key]
+    if not os.path.isfile(path):
+        raise InputError(f"--npd-teacher {path}: no such file")
+    from fairseq import checkpoint_utils
+    from fairseq.models.nat import FairseqNATModel
+
+    overrides = {"data": data_dir} if data_dir else {}
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides=overrides)
+    teacher = models[0]
+    if isinstance(teacher, FairseqNATModel) or not hasattr(teacher, "decoder"):
+        raise InputError(f"--npd-teacher {path} holds a {type(teacher).__name__}, not an autoregressive "
+                         "encoder-decoder (e.g. fairseq's transformer)")
+    tdict = task.target_dictionary
+    if len(tdict) > len(tgt_dict) or tdict.symbols != tgt_dict.symbols[: len(tdict)]:
+        raise InputError(f"--npd-teacher {path}: its target dictionary ({len(tdict)} symbols) is not a "
+                         f"prefix of this model's ({len(tgt_dict)})")
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    _TEACHERS[key] = teacher.eval()
+    return teacher
+
+
+def candidate_fertilities(fert_lprobs, allowed, samples, real=None):
+    """fert_lprobs (B, S, F+1) log-probs, allowed bool (B, S) -> long (B, s, S): candidate 0 the argmax
+    fertilities, 1..s-1 sampled; 0 outside ``allowed``; every candidate sums to >= 1 (its first
+    allowed position -- or first ``real`` one when none is allowed -- gets 1 when all are 0)."""
+    B, S, K = fert_lprobs.shape
+    cands = [fert_lprobs.argmax(-1).unsqueeze(1)]
+    if samples > 1:
+        drawn = torch.multinomial(fert_lprobs.exp().reshape(B * S, K), samples - 1, replacement=True)
+        cands.append(drawn.view(B, S, samples - 1).permute(0, 2, 1))
+    fert = torch.cat(cands, 1).masked_fill(~allowed.unsqueeze(1), 0)
+    real = allowed if real is None else real
+    first = torch.where(allowed.any(1), allowed.float().argmax(1), real.float().argmax(1))  # (B,)
+    empty = fert.sum(-1).eq(0)  # (B, s)
+    bump = torch.zeros_like(fert).scatter_(2, first.view(B, 1, 1).expand(B, fert.size(1), 1),
+                                           empty.long().unsqueeze(-1))
+    return fert + bump
+
+
+def teacher_forced_inputs(tokens, lengths, pad, eos):
+    """Candidates (N, T) right-padded, lengths (N,) -> (prev_output_tokens, target), both (N, T + 1):
+    target = tokens ``</s>``, prev = ``</s>`` tokens (fairseq's convention), padded with ``pad``."""
+    N, T = tokens.shape
+    pos = torch.arange(T + 1, device=tokens.device).unsqueeze(0)
+    target = torch.cat([tokens, tokens.new_full((N, 1), pad)], 1)
+    target = target.masked_fill(pos >= lengths.unsqueeze(1), pad).masked_fill(pos == lengths.unsqueeze(1), eos)
+    prev = torch.cat([tokens.new_full((N, 1), eos), target[:, :-1]], 1).masked_fill(target.eq(pad), pad)
+    return prev, target
+
+
+@torch.no_grad()
+def teacher_scores(teacher, src_tokens, src_lengths, order, tokens, lengths, pad, eos):
+    """Mean log-probability of every candidate (and its ``</s>``) under the teacher, one teacher-forced
+    pass: the teacher encodes the B sources once, the candidate rows (N = B * s, ``order`` maps each
+    to its source row) go through its decoder together -> (N,)."""
+    prev, target = teacher_forced_inputs(tokens, lengths, pad, eos)
+    enc = teacher.encoder(src_tokens, src_lengths=src_lengths)
+    enc = teacher.encoder.reorder_encoder_out(enc, order)
+    feats, _ = teacher.decoder(prev, encoder_out=enc, features_only=True)
+    V = teacher.decoder.output_projection.out_features if getattr(teacher.decoder, "output_projection", None) \
+        is not None else len(teacher.decoder.dictionary)
+    if int(target.max()) >= V:
+        raise InputError(f"npd: a candidate holds symbol {int(target.max())}, outside the teacher's {V}")
+    lp = target_log_probs(feats, teacher.decoder.output_layer, target, V)
+    keep = target.ne(pad)
+    return torch.where(keep, lp, torch.zeros_like(lp)).sum(1) / keep.sum(1)
+
+
+class NPDGenerator:
+    #: the benchmark's decoding keys this generator reads (fairseq_nat_ext.benchmark.decoding)
+    decoding_keys = ("npd", "fertility")
+
+    def __init__(self, models, tgt_dict, npd_samples=None, teacher=None, teacher_path=None,
+                 retain_history=False, fertility_label=None):
+        self.models = models
+        self.tgt_dict = tgt_dict
+        self.npd_samples = npd_samples  # None: from the task config (configure), else 1
+        self.teacher = teacher
+        self.teacher_path = teacher_path
+        self.retain_history = retain_history
+        self.fertility_label = fertility_label
+        self.pad, self.eos, self.bos, self.unk = tgt_dict.pad(), tgt_dict.eos(), tgt_dict.bos(), tgt_dict.unk()
+        self.mask = models[0].mask_idx
+        self.forbidden = [self.pad, self.bos, self.eos, self.mask]
+        self.symbols_to_strip_from_output = {self.eos, self.bos}
+        self.max_len = min(m.decoder.max_positions() for m in models) - 2
+
+    @classmethod
+    def from_generation_args(cls, models, tgt_dict, args):
+        return cls(models, tgt_dict, npd_samples=getattr(args, "npd_samples", None),
+                   teacher_path=getattr(args, "npd_teacher", None),
+                   retain_history=getattr(args, "retain_iter_history", False),
+                   fertility_label=getattr(args, "fertility_source", None))
+
+    def configure(self, task_cfg):
+        """Options from the task config (``--npd-samples``, ``--npd-teacher``) unless the generation
+        options already set them; loads the teacher when s > 1."""
+        if self.npd_samples is None:
+            self.npd_samples = getattr(task_cfg, "npd_samples", 1)
+        if self.teacher_path is None:
+            self.teacher_path = getattr(task_cfg, "npd_teacher", None)
+        self._check_label(getattr(task_cfg, "fertility_path", None))
+        if self.samples > 1 and self.teacher is None:
+            self.teacher = self._load_teacher(getattr(task_cfg, "data", None))
+
+    @property
+    def samples(self):
+        s = 1 if self.npd_samples is None else int(self.npd_samples)
+        if s < 1:
+            raise InputError(f"--npd-samples must be >= 1, got {s}")
+        return s
+
+    def _check_label(self, fertility_path):
+        from ..data.fertility import fertility_method
+
+        if self.fertility_label is None:
+            return
+        if self.fertility_label not in ("aligner", "attention"):
+            raise InputError(f"decoding fertility={self.fertility_label}: expected aligner or attention")
+        method = fertility_method(fertility_path) if fertility_path and os.path.isdir(fertility_path) else None
+        if method is not None and method != self.fertility_label:
+            raise InputError(f"decoding fertility={self.fertility_label}, but the model was trained on "
+                             f"{method} fertilities ({fertility_path})")
+
+    def _load_teacher(self, data_dir):
+        if not self.teacher_path:
+            raise InputError(f"--npd-samples {self.samples} needs --npd-teacher (an AT checkpoint that "
+                             "scores the candidates)")
+        data_dir = data_dir.split(os.pathsep)[0] if data_dir else None
+        return load_teacher(self.teacher_path, data_dir, self.tgt_dict)
+
+    def _teacher_on(self, like):
+        if self.teacher is None:
+            self.teacher = self._load_teacher(None)
+        p = next(self.teacher.parameters(), None)
+        if p is not None and (p.device != like.device or p.dtype != like.dtype):
+            self.teacher.to(device=like.device, dtype=like.dtype)
+        return self.teacher
+
+    def _ensemble(self, outs):
+        if len(outs) == 1:
+            return outs[0]
+        return torch.logsumexp(torch.stack(outs), 0) - math.log(len(outs))
+
+    def candidates(self, models, src_tokens, src_lengths, samples):
+        """Encode, pick fertilities, decode every candidate in one pass.  -> dict with fert (B, s, S),
+        tokens (N, T), lprobs (N, T), lengths (N,), order (N,) (N = B * s, candidate-major per
+        sentence)."""
+        B = src_tokens.size(0)
+        enc = [m.encoder(src_tokens, src_lengths=src_lengths) for m in models]
+        fert_lp = self._ensemble([m.decoder.forward_fertility(e, normalize=True) for m, e in zip(models, enc)])
+        allowed = source_fertility_mask(src_tokens, self.pad, self.eos)
+        fert = candidate_fertilities(fert_lp, allowed, samples, real=src_tokens.ne(self.pad))
+        order = torch.arange(B, device=src_tokens.device).repeat_interleave(samples)
+        flat = fert.view(B * samples, -1)
+        max_len = self.max_len
+        if self.teacher is not None and samples > 1 and hasattr(self.teacher, "max_decoder_positions"):
+            max_len = min(max_len, self.teacher.max_decoder_positions() - 1)
+        feats, valid = [], None
+        for m, e in zip(models, enc):
+            e = m.encoder.reorder_encoder_out(e, order)
+            copied = m.decoder.copy_source(e, flat, max_len=max_len)
+            valid = copied[1]
+            feats.append(m.decoder(e, copied=copied, features_only=True))
+        tokens, lprobs = best_tokens(feats, [m.decoder.output_layer for m in models],
+                                     len(self.tgt_dict), self.forbidden)
+        tokens = tokens.masked_fill(~valid, self.pad)
+        lprobs = lprobs.masked_fill(~valid, 0.0)
+        return {"fert": fert, "tokens": tokens, "lprobs": lprobs, "lengths": valid.sum(1), "order": order}
+
+    @torch.no_grad()
+    def generate(self, models, sample, prefix_tokens=None, constraints=None, **unused):
+        if constraints is not None or prefix_tokens is not None:
+            raise NotImplementedError("nat_fertility decoding: prefix and constrained decoding are not supported")
+        models = models or self.models
+        for m in models:
+            m.eval()
+        net = sample["net_input"]
+        src_tokens, src_lengths = net["src_tokens"], net["src_lengths"]
+        B, s = src_tokens.size(0), self.samples
+        if s > 1:
+            self._teacher_on(next(models[0].parameters()))
+        c = self.candidates(models, src_tokens, src_lengths, s)
+        lengths = c["lengths"]
+        if s > 1:
+            scores = teacher_scores(self.teacher, src_tokens, src_lengths, c["order"], c["tokens"], lengths,
+                                    self.pad, self.eos)
+        else:
+            scores = c["lprobs"].sum(1) / lengths.clamp(min=1)
+        best = scores.view(B, s).argmax(1) + torch.arange(B, device=scores.device) * s
+        finalized = []
+        for b in range(B):
+            row = int(best[b])
+            n = int(lengths[row])
+            hyp = {"tokens": self._with_eos(c["tokens"][row, :n]), "score": scores[row],
+                   "positional_scores": torch.cat([c["lprobs"][row, :n], c["lprobs"].new_zeros(1)]),
+                   "alignment": None, "steps": 1, "npd_scores": scores[b * s:(b + 1) * s].clone()}
+            if self.retain_history:
+                hyp["history"] = [{"tokens": self._with_eos(c["tokens"][r, : int(lengths[r])])}
+                                  for r in range(b * s, (b + 1) * s)]
+            finalized.append([hyp])
+        return finalized
+
+    def _with_eos(self, toks):
+        return torch.cat([toks, toks.new_full((1,), self.eos)])

@@ -1,0 +1,330 @@
+"""Non-autoregressive Transformer with fertility (Gu et al., 2018), arch ``nat_fertility`` (+ ``_small``,
+``_tiny``); criterion ``nat_fertility_loss``, generator ``generators/npd.py``.
+
+* Encoder: fairseq's Transformer encoder (with the attention registry).  On top of it a fertility
+  classifier (Linear -> ReLU -> Linear) predicts, for every source token, a fertility 0..F
+  (``--max-fertility`` F).  ``</s>`` and padding always get fertility 0.
+* Decoder input: the source token embeddings (the encoder's scaled lookup) copied by fertility --
+  source token i appears f_i times, in source order -- so the output length is the sum of the
+  fertilities (:func:`copy_by_fertility`).  Training copies by the reference fertilities
+  (``sample["fertility"]``, from ``--fertility-path``); decoding by predicted ones.
+* Decoder layers (:class:`FertilityDecoderLayer`): self-attention without the causal mask in which no
+  query attends to its own position; then positional attention (queries and keys are the position
+  embeddings, values the hidden states); then encoder attention and the feed-forward block.  Layer
+  parameter names are fairseq's (plus ``pos_attn*``), so ``init_from_at`` copies an AT decoder.
+* Loss: token cross-entropy on the copied positions plus the fertility classifier's cross-entropy
+  (targets above F are clamped to F for the classifier; the copy uses the real values).
+* ``--fertility-reinforce`` (fine-tuning, after the main training): also a REINFORCE loss on the
+  fertility classifier.  k = ``--fertility-reinforce-samples`` fertility sequences per sentence are
+  sampled from the classifier, decoded in one pass (no gradient), and rewarded with minus the
+  translation loss of the output against the reference: the mean over max(output, reference length)
+  positions of -log p(reference token) where both have a token, and log V (a uniform guess) for each
+  position only one of them has.  Baseline: the mean reward of the sentence's k samples.
+
+Target convention (as Mask-Predict): the decoder produces the target content, ``</s>`` is appended to
+hypotheses.
+"""
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.nat import FairseqNATDecoder
+from fairseq.models.transformer import TransformerConfig
+from fairseq.models.transformer import base_architecture as transformer_base_architecture
+from fairseq.modules import LayerNorm, MultiheadAttention
+from fairseq.modules.checkpoint_activations import checkpoint_wrapper
+from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
+
+from ...compat import InputError
+from .base import SMALL, TINY, PluginNATModel, arch_defaults
+from .mask_predict import content_target
+
+
+def fertility_copy_index(fertility, max_len=None):
+    """fertility long (B, S) >= 0 -> (index long (B, T): the source position copied to each output
+    position (0 beyond a row's length), valid bool (B, T), lengths (B,)).  T = the longest row;
+    ``max_len`` cuts rows longer than it."""
+    B, S = fertility.shape
+    cum = fertility.cumsum(1)
+    lengths = cum[:, -1] if S > 0 else fertility.new_zeros(B)
+    if max_len is not None:
+        lengths = lengths.clamp(max=max_len)
+    T = int(lengths.max()) if B > 0 else 0
+    pos = torch.arange(T, device=fertility.device).unsqueeze(0).expand(B, T).contiguous()
+    index = torch.searchsorted(cum.contiguous(), pos, right=True).clamp(max=max(S - 1, 0))
+    valid = pos < lengths.unsqueeze(1)
+    return index.masked_fill(~valid, 0), valid, lengths
+
+
+def copy_by_fertility(states, fertility, max_len=None):
+    """states (B, S, C), fertility (B, S) -> (copied (B, T, C), zero beyond each row's length;
+    valid bool (B, T); lengths (B,)).  Output position t of row b is source position s with
+    cum_{s-1} <= t < cum_s (cum: the running sum of the row's fertilities)."""
+    index, valid, lengths = fertility_copy_index(fertility, max_len)
+    out = states.gather(1, index.unsqueeze(-1).expand(-1, -1, states.size(-1)))
+    return out * valid.unsqueeze(-1).type_as(out), valid, lengths
+
+
+def no_self_attention_mask(T, dtype, device):
+    """(T, T) additive mask: a large negative number on the diagonal (no query attends to itself).
+    Finite, so a row whose only real key is itself (a length-1 output) still attends to it."""
+    big = -1e8 if dtype == torch.float32 or dtype == torch.float64 else -1e4
+    return torch.diag(torch.full((T,), big, dtype=dtype, device=device))
+
+
+class FertilityDecoderLayer(TransformerDecoderLayerBase):
+    """fairseq's decoder layer with positional attention after the self-attention block."""
+
+    def __init__(self, cfg, no_encoder_attn=False):
+        super().__init__(cfg, no_encoder_attn)
+        if self.c_attn is not None or self.attn_ln is not None or self.w_resid is not None \
+                or self.ffn_layernorm is not None or self.cross_self_attention:
+            raise InputError("nat_fertility: --scale-heads/--scale-attn/--scale-fc/--scale-resids and "
+                             "--cross-self-attention are not supported")
+        self.pos_attn = MultiheadAttention(self.embed_dim, cfg.decoder.attention_heads,
+                                           dropout=cfg.attention_dropout)
+        self.pos_attn_layer_norm = LayerNorm(self.embed_dim, export=cfg.export)
+
+    def _block(self, x, norm, fn):
+        residual = x
+        if self.normalize_before:
+            x = norm(x)
+        x = self.dropout_module(fn(x))
+        x = residual + x
+        return x if self.normalize_before else norm(x)
+
+    def forward(self, x, encoder_out=None, encoder_padding_mask=None, self_attn_mask=None,
+                self_attn_padding_mask=None, positions=None, **unused):
+        """x (T, B, C); positions (T, B, C) position embeddings (the positional attention's queries
+        and keys)."""
+        x = self._block(x, self.self_attn_layer_norm, lambda h: self.self_attn(
+            query=h, key=h, value=h, key_padding_mask=self_attn_padding_mask, need_weights=False,
+            attn_mask=self_attn_mask)[0])
+        x = self._block(x, self.pos_attn_layer_norm, lambda h: self.pos_attn(
+            query=positions, key=positions, value=h, key_padding_mask=self_attn_padding_mask,
+            need_weights=False)[0])
+        if self.encoder_attn is not None and encoder_out is not None:
+            x = self._block(x, self.encoder_attn_layer_norm, lambda h: self.encoder_attn(
+                query=h, key=encoder_out, value=encoder_out, key_padding_mask=encoder_padding_mask,
+                static_kv=True, need_weights=False)[0])
+        return self._block(x, self.final_layer_norm, lambda h: self.fc2(
+            self.activation_dropout_module(self.activation_fn(self.fc1(h)))))
+
+
+class FertilityDecoder(FairseqNATDecoder):
+    def __init__(self, args, dictionary, embed_tokens, no_encoder_attn=False):
+        super().__init__(args, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
+        F_ = getattr(args, "max_fertility", None)
+        if F_ is None or int(F_) != F_ or F_ < 1:
+            raise InputError(f"nat_fertility: --max-fertility must be an integer >= 1, got {F_}")
+        if self.embed_positions is None:
+            raise InputError("nat_fertility: positional attention needs position embeddings "
+                             "(drop --no-token-positional-embeddings)")
+        self.max_fertility = int(F_)
+        self.mask_idx = dictionary.index("<mask>")
+        C = args.encoder_embed_dim
+        self.fertility_proj = nn.Sequential(nn.Linear(C, C), nn.ReLU(), nn.Linear(C, self.max_fertility + 1))
+        self.copy_proj = None
+        if args.encoder_embed_dim != args.decoder_embed_dim:
+            self.copy_proj = nn.Linear(args.encoder_embed_dim, args.decoder_embed_dim, bias=False)
+
+    def build_decoder_layer(self, args, no_encoder_attn=False):
+        cfg = TransformerConfig.from_namespace(args)
+        layer = FertilityDecoderLayer(cfg, no_encoder_attn)
+        if cfg.checkpoint_activations:
+            layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
+        return layer
+
+    def forward_fertility(self, encoder_out, normalize=False):
+        """-> (B, S, F + 1) fertility logits (log-probs with ``normalize``) of every source position."""
+        enc = encoder_out["encoder_out"][0].transpose(0, 1)
+        out = self.fertility_proj(enc)
+        return F.log_softmax(out.float(), -1) if normalize else out
+
+    def copy_source(self, encoder_out, fertility, max_len=None):
+        """The decoder input: source embeddings copied by ``fertility`` (B, S) -> (x (B, T, C), valid)."""
+        emb = encoder_out["encoder_embedding"][0]  # (B, S, C_enc), scaled token embeddings
+        if self.copy_proj is not None:
+            emb = self.copy_proj(emb)
+        x, valid, _ = copy_by_fertility(emb, fertility, max_len)
+        return x, valid
+
+    def forward(self, encoder_out, fertility=None, copied=None, normalize=False, features_only=False,
+                **unused):
+        """Either ``fertility`` (B, S) or ``copied`` = :meth:`copy_source`'s result -> logits (B, T, V)
+        (log-probs with ``normalize``; decoder features with ``features_only``)."""
+        x, valid = copied if copied is not None else self.copy_source(encoder_out, fertility)
+        pad = ~valid
+        T = x.size(1)
+        if T > self.embed_positions.max_positions:
+            raise InputError(f"nat_fertility: {T} output positions exceed the decoder's "
+                             f"{self.embed_positions.max_positions} (--max-target-positions)")
+        dummy = pad.long() * self.padding_idx + valid.long() * self.dictionary.unk()
+        positions = self.embed_positions(dummy)
+        x = x + positions
+        if self.layernorm_embedding is not None:
+            x = self.layernorm_embedding(x)
+        x = self.dropout_module(x).transpose(0, 1)
+        positions = positions.transpose(0, 1)
+        enc = encoder_out["encoder_out"][0]
+        enc_pad = encoder_out["encoder_padding_mask"][0] if encoder_out["encoder_padding_mask"] else None
+        mask = no_self_attention_mask(T, x.dtype, x.device)
+        self_pad = None
+        if bool(pad.any()):
+            # a row without any position (all fertilities 0) would attend to nothing (NaN): let it see
+            # its first (padding) position; its outputs are never read
+            self_pad = pad.clone()
+            self_pad[:, 0] &= valid.any(1)
+        for layer in self.layers:
+            x = layer(x, enc, enc_pad, self_attn_mask=mask, self_attn_padding_mask=self_pad,
+                      positions=positions)
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
+        x = x.transpose(0, 1)
+        if self.project_out_dim is not None:
+            x = self.project_out_dim(x)
+        if features_only:
+            return x
+        out = self.output_layer(x)
+        return F.log_softmax(out.float(), -1) if normalize else out
+
+
+def source_fertility_mask(src_tokens, pad, eos):
+    """bool (B, S): the source positions that may have a fertility above 0 (not padding, not </s>)."""
+    return src_tokens.ne(pad) & src_tokens.ne(eos)
+
+
+@register_model("nat_fertility")
+class FertilityNATModel(PluginNATModel):
+    decoder_class = FertilityDecoder
+
+    @property
+    def generator_class(self):
+        from ...generators.npd import NPDGenerator
+
+        return NPDGenerator
+
+    @property
+    def allow_length_beam(self):
+        return False
+
+    @property
+    def max_fertility(self):
+        return self.decoder.max_fertility
+
+    @staticmethod
+    def add_args(parser):
+        PluginNATModel.add_args(parser)
+        parser.add_argument("--max-fertility", type=int,
+                            help="largest fertility the classifier predicts (classes 0..F), default 50")
+        parser.add_argument("--fertility-reinforce", action="store_true",
+                            help="fine-tuning: add a REINFORCE loss on the fertility classifier, "
+                                 "rewarded by minus the translation loss of sampled fertilities")
+        parser.add_argument("--fertility-reinforce-samples", type=int,
+                            help="fertility samples per sentence for --fertility-reinforce (>= 2; "
+                                 "their mean reward is the baseline), default 4")
+
+    def inject_noise(self, target):
+        """The decoder reads copied source embeddings, not the target: the content target stands in
+        for ``prev_target``."""
+        return content_target(target, self.eos, self.pad)
+
+    def forward(self, src_tokens, src_lengths, prev_output_tokens, tgt_tokens, tgt_fertility=None,
+                **kwargs):
+        if tgt_fertility is None:
+            raise InputError("nat_fertility: the batch has no fertility targets; train with --task "
+                             "nat_translation --fertility-path DIR (DIR/{train,valid}.fert from "
+                             "examples/fertility.sh)")
+        tgt = content_target(tgt_tokens, self.eos, self.pad)
+        tgt_len = tgt.ne(self.pad).sum(1)
+        allowed = source_fertility_mask(src_tokens, self.pad, self.eos)
+        tgt_fertility = tgt_fertility.masked_fill(~allowed, 0)
+        if not torch.equal(tgt_fertility.sum(1), tgt_len):
+            b = int((tgt_fertility.sum(1) != tgt_len).nonzero()[0])
+            raise InputError(f"nat_fertility: fertilities of a batch row sum to {int(tgt_fertility[b].sum())}"
+                             f" but its target has {int(tgt_len[b])} tokens")
+        encoder_out = self.encoder(src_tokens, src_lengths=src_lengths)
+        fert_logits = self.decoder.forward_fertility(encoder_out)
+        copied = self.decoder.copy_source(encoder_out, tgt_fertility)
+        T = copied[0].size(1)
+        word_out = self.decoder(encoder_out, copied=copied)
+        out = {
+            "word_ins": {"out": word_out, "tgt": tgt[:, :T], "mask": copied[1]},
+            "fertility": {"out": fert_logits, "tgt": tgt_fertility.clamp(max=self.max_fertility),
+                          "mask": allowed, "ls": 0.0, "factor": 1.0},
+        }
+        if self.training and getattr(self.args, "fertility_reinforce", False):
+            out["fertility_reinforce"] = self.reinforce_loss(encoder_out, fert_logits, allowed, tgt)
+        return out
+
+    def reinforce_loss(self, encoder_out, fert_logits, allowed, tgt):
+        """REINFORCE on the fertility classifier (module doc) -> {"loss", "nll_loss", "factor"}."""
+        k = int(getattr(self.args, "fertility_reinforce_samples", 4) or 4)
+        if k < 2:
+            raise InputError(f"nat_fertility: --fertility-reinforce-samples must be >= 2, got {k}")
+        B, S, _ = fert_logits.shape
+        lp = F.log_softmax(fert_logits.float(), -1)
+        with torch.no_grad():
+            samples = torch.multinomial(lp.exp().view(B * S, -1), k, replacement=True)
+            samples = samples.view(B, S, k).permute(2, 0, 1).masked_fill(~allowed, 0)  # (k, B, S)
+            reward = self._sample_rewards(encoder_out, samples.reshape(k * B, S), tgt.repeat(k, 1), k)
+            reward = reward.view(k, B)
+            advantage = reward - reward.mean(0, keepdim=True)
+        logp = lp.unsqueeze(0).expand(k, -1, -1, -1).gather(-1, samples.unsqueeze(-1)).squeeze(-1)
+        logp = (logp * allowed.unsqueeze(0)).sum(-1)  # (k, B)
+        loss = -(advantage * logp).mean()
+        return {"loss": loss, "nll_loss": loss.detach() * 0.0, "factor": 1.0}
+
+    def _sample_rewards(self, encoder_out, fert, tgt, k):
+        """fert (k*B, S) sampled fertilities, tgt (k*B, T*) -> reward (k*B,) = -translation loss."""
+        B = fert.size(0) // k
+        order = torch.arange(B, device=fert.device).repeat(k)
+        enc = self.encoder.reorder_encoder_out(encoder_out, order)
+        max_len = self.decoder.embed_positions.max_positions
+        copied = self.decoder.copy_source(enc, fert, max_len=max_len)
+        lengths = copied[1].sum(1)
+        ref_len = tgt.ne(self.pad).sum(1)
+        if copied[0].size(1) == 0:
+            overlap_loss = torch.zeros_like(ref_len, dtype=torch.float)
+        else:
+            lprobs = self.decoder(enc, copied=copied, normalize=True)  # (N, T, V)
+            n = min(lprobs.size(1), tgt.size(1))
+            both = copied[1][:, :n] & tgt[:, :n].ne(self.pad)
+            tok = lprobs[:, :n].gather(-1, tgt[:, :n].unsqueeze(-1)).squeeze(-1)
+            overlap_loss = -torch.where(both, tok, torch.zeros_like(tok)).sum(1)
+        mismatch = (lengths - ref_len).abs().float() * math.log(len(self.decoder.dictionary))
+        total = torch.maximum(lengths, ref_len).clamp(min=1).float()
+        return -(overlap_loss + mismatch) / total
+
+
+@register_model_architecture("nat_fertility", "nat_fertility")
+def nat_fertility_base(args):
+    """The paper's base size: 6+6 layers, d=512, 8 heads; fertilities 0..50."""
+    arch_defaults(
+        args,
+        encoder_embed_dim=512, encoder_ffn_embed_dim=2048, encoder_layers=6,
+        encoder_attention_heads=8, decoder_layers=6, decoder_attention_heads=8,
+        dropout=0.3, share_all_embeddings=True, max_fertility=50, fertility_reinforce=False,
+        fertility_reinforce_samples=4, apply_bert_init=False,
+        max_source_positions=256, max_target_positions=256,
+    )
+    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", args.encoder_embed_dim)
+    args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", args.encoder_ffn_embed_dim)
+    args.share_decoder_input_output_embed = getattr(args, "share_decoder_input_output_embed", True)
+    transformer_base_architecture(args)
+
+
+@register_model_architecture("nat_fertility", "nat_fertility_small")
+def nat_fertility_small(args):
+    """Multi30K size, the same as the shared teacher: 3+3 layers, d=256, 4 heads, FFN 1024."""
+    arch_defaults(args, **SMALL)
+    nat_fertility_base(args)
+
+
+@register_model_architecture("nat_fertility", "nat_fertility_tiny")
+def nat_fertility_tiny(args):
+    """For tests: 2+2 layers, d=128, fertilities 0..8."""
+    arch_defaults(args, max_fertility=8, **TINY)
+    nat_fertility_base(args)

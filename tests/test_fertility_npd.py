@@ -1,0 +1,256 @@
+"""Noisy parallel decoding of nat_fertility: candidates, one batched decoder pass, one teacher-forced
+teacher pass, and the choice of the best candidate (checked with a fake teacher)."""
+import pytest
+import torch
+import torch.nn as nn
+
+from conftest import build_model_and_task
+from fairseq_nat_ext.compat import InputError
+from fairseq_nat_ext.generators.npd import (NPDGenerator, candidate_fertilities, teacher_forced_inputs,
+                                            teacher_scores)
+
+
+class FakeEncoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, src_tokens, src_lengths=None):
+        self.calls += 1
+        return {"src": src_tokens}
+
+    def reorder_encoder_out(self, enc, order):
+        return {"src": enc["src"].index_select(0, order)}
+
+
+class FakeDecoder(nn.Module):
+    """log p(next token) depends on the token only (a fixed table), so a candidate's teacher score is
+    the mean of the table over its tokens and </s>."""
+
+    def __init__(self, V, seed=0):
+        super().__init__()
+        self.output_projection = nn.Linear(1, V)
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            self.output_projection.weight.zero_()
+            self.output_projection.bias.copy_(torch.randn(V, generator=g) * 3)
+        self.calls = 0
+
+    def forward(self, prev_output_tokens, encoder_out=None, features_only=False):
+        assert features_only
+        self.calls += 1
+        assert encoder_out["src"].size(0) == prev_output_tokens.size(0)
+        return torch.ones(prev_output_tokens.shape + (1,)), {}
+
+    def output_layer(self, x):
+        return self.output_projection(x)
+
+
+class FakeTeacher(nn.Module):
+    def __init__(self, V):
+        super().__init__()
+        self.encoder, self.decoder = FakeEncoder(), FakeDecoder(V)
+
+    def token_lprobs(self):
+        return torch.log_softmax(self.decoder.output_projection.bias.detach(), -1)
+
+
+@pytest.fixture(scope="module")
+def model_task(toy_databin):
+    torch.manual_seed(0)
+    task, model, args = build_model_and_task(toy_databin[0], ["--arch", "nat_fertility_tiny", "--dropout", "0"])
+    task.load_dataset("test")
+    return task, model.eval(), args
+
+
+def _sample(task, n=8):
+    ds = task.dataset("test")
+    return ds.collater([ds[i] for i in range(n)])
+
+
+def test_teacher_forced_inputs():
+    tokens = torch.tensor([[5, 6, 1], [7, 1, 1], [8, 9, 4]])
+    prev, target = teacher_forced_inputs(tokens, torch.tensor([2, 1, 3]), pad=1, eos=2)
+    assert target.tolist() == [[5, 6, 2, 1], [7, 2, 1, 1], [8, 9, 4, 2]]
+    assert prev.tolist() == [[2, 5, 6, 1], [2, 7, 1, 1], [2, 8, 9, 4]]
+
+
+def test_candidate_fertilities():
+    torch.manual_seed(0)
+    B, S, K = 3, 5, 4
+    lp = torch.log_softmax(torch.randn(B, S, K) * 3, -1)
+    lp[0] = torch.log(torch.tensor([0.0, 0.0, 1.0, 0.0]).clamp(min=1e-12))  # row 0: surely 2
+    lp[2] = torch.log(torch.tensor([1.0, 0.0, 0.0, 0.0]).clamp(min=1e-12))  # row 2: surely 0
+    allowed = torch.tensor([[True] * 4 + [False], [False, True, True, True, False], [False, True, True, True, False]])
+    f = candidate_fertilities(lp, allowed, 6)
+    assert f.shape == (B, 6, S)
+    expected = lp.argmax(-1).masked_fill(~allowed, 0)
+    expected[2, 1] = 1  # row 2 is all 0: its first allowed position gets 1
+    assert torch.equal(f[:, 0], expected)
+    assert f.masked_select(~allowed.unsqueeze(1).expand_as(f)).eq(0).all()
+    assert (f[0] == torch.tensor([2, 2, 2, 2, 0])).all()  # samples of a certain distribution
+    # row 2 would be empty: its first allowed source token gets 1 in every candidate
+    assert (f[2] == torch.tensor([0, 1, 0, 0, 0])).all()
+    assert f.sum(-1).ge(1).all()
+    # sampling follows the classifier: frequencies of one source position
+    lp1 = torch.log(torch.tensor([[[0.5, 0.25, 0.25], [1e-12, 1.0, 1e-12]]]))
+    f = candidate_fertilities(lp1, torch.tensor([[True, True]]), 4001)[0, 1:, 0]
+    freq = torch.bincount(f, minlength=3).float() / f.numel()
+    assert torch.allclose(freq, torch.tensor([0.5, 0.25, 0.25]), atol=0.04)
+
+
+def test_npd_picks_the_candidate_with_the_best_teacher_score(model_task):
+    task, model, _ = model_task
+    V = len(task.target_dictionary) - 1  # the teacher's dictionary lacks <mask>
+    teacher = FakeTeacher(V)
+    gen = NPDGenerator([model], task.target_dictionary, npd_samples=5, teacher=teacher, retain_history=True)
+    sample = _sample(task)
+    src, src_len = sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"]
+    B = src.size(0)
+
+    calls = {"n": 0}
+    orig = model.decoder.forward
+
+    def counted(*a, **k):
+        calls["n"] += 1
+        return orig(*a, **k)
+
+    model.decoder.forward = counted
+    try:
+        torch.manual_seed(3)
+        hyps = gen.generate([model], sample)
+    finally:
+        del model.decoder.forward
+    assert calls["n"] == 1, "all candidates in one decoder pass"
+    assert teacher.decoder.calls == 1 and teacher.encoder.calls == 1, "one teacher-forced teacher pass"
+
+    # the same candidates again (same seed), scored one by one by the slow route
+    torch.manual_seed(3)
+    c = gen.candidates([model], src, src_len, 5)
+    table = teacher.token_lprobs()
+    eos, pad = task.target_dictionary.eos(), task.target_dictionary.pad()
+    n_distinct = 0
+    for b in range(B):
+        best, best_score, cands = None, None, []
+        for k in range(5):
+            r = b * 5 + k
+            toks = c["tokens"][r, : int(c["lengths"][r])].tolist() + [eos]
+            cands.append(toks)
+            score = float(table[toks].mean())
+            assert abs(score - float(hyps[b][0]["npd_scores"][k])) < 1e-5
+            if best_score is None or score > best_score + 1e-6:
+                best, best_score = toks, score
+        n_distinct += len({tuple(x) for x in cands}) > 1
+        assert hyps[b][0]["tokens"].tolist() == best
+        assert abs(float(hyps[b][0]["score"]) - best_score) < 1e-5
+        assert [h["tokens"].tolist() for h in hyps[b][0]["history"]] == cands
+        assert hyps[b][0]["steps"] == 1
+    assert n_distinct > 0, "the sampled candidates differ from the argmax one"
+    assert pad not in sum((h[0]["tokens"].tolist() for h in hyps), [])
+
+
+def test_teacher_scores_batched_equals_one_by_one(model_task):
+    task, model, _ = model_task
+    teacher = FakeTeacher(len(task.target_dictionary) - 1)
+    tokens = torch.tensor([[10, 11, 12], [13, 1, 1], [14, 15, 1]])
+    lengths = torch.tensor([3, 1, 2])
+    src = torch.tensor([[20, 21, 2], [1, 22, 2]])
+    order = torch.tensor([0, 0, 1])
+    s = teacher_scores(teacher, src, torch.tensor([3, 2]), order, tokens, lengths, pad=1, eos=2)
+    table = teacher.token_lprobs()
+    for n in range(3):
+        toks = tokens[n, : int(lengths[n])].tolist() + [2]
+        assert abs(float(s[n]) - float(table[toks].mean())) < 1e-5
+
+
+def test_npd_1_is_argmax_decoding_and_needs_no_teacher(model_task):
+    task, model, _ = model_task
+    sample = _sample(task)
+    gen = NPDGenerator([model], task.target_dictionary)
+    hyps = gen.generate([model], sample)
+    c = gen.candidates([model], sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"], 1)
+    for b, h in enumerate(hyps):
+        n = int(c["lengths"][b])
+        assert h[0]["tokens"][:-1].tolist() == c["tokens"][b, :n].tolist()
+        assert abs(float(h[0]["score"]) - float(c["lprobs"][b, :n].mean())) < 1e-5
+
+
+def test_npd_option_errors(model_task, tmp_path):
+    task, model, _ = model_task
+    gen = NPDGenerator([model], task.target_dictionary, npd_samples=3)
+    with pytest.raises(InputError, match="needs --npd-teacher"):
+        gen.configure(task.cfg)
+    gen = NPDGenerator([model], task.target_dictionary, npd_samples=3, teacher_path=str(tmp_path / "none.pt"))
+    with pytest.raises(InputError, match="no such file"):
+        gen.configure(task.cfg)
+    with pytest.raises(InputError, match=">= 1"):
+        NPDGenerator([model], task.target_dictionary, npd_samples=0).configure(task.cfg)
+    # the fertility label must agree with the training fertilities' method file
+    from fairseq_nat_ext.data.fertility import write_method
+
+    write_method(str(tmp_path), "aligner eflomal")
+    cfg = type("Cfg", (), {"fertility_path": str(tmp_path), "npd_samples": 1, "npd_teacher": None})()
+    NPDGenerator([model], task.target_dictionary, fertility_label="aligner").configure(cfg)
+    with pytest.raises(InputError, match="trained on aligner fertilities"):
+        NPDGenerator([model], task.target_dictionary, fertility_label="attention").configure(cfg)
+
+
+def test_benchmark_decoding_keys_of_this_issue():
+    from fairseq_nat_ext.benchmark import decoding as dec
+
+    assert dec.canonical_decoding("npd=10,fertility=aligner") == "fertility=aligner,npd=10"
+    assert dec.parse_decoding("fertility=attention,npd=1") == {"fertility": "attention", "npd": 1}
+    assert dec.canonical_decoding("iter=0") == "iter=0"  # fairseq's single-pass NAT decoding
+    for bad in ("fertility=bpe", "npd=0", "npd=2.5", "len_beam=0", "block=0"):
+        with pytest.raises(ValueError):
+            dec.parse_decoding(bad)
+    ns = dec.generation_options({"fertility": "aligner", "npd": 10}, npd_teacher="t.pt")
+    assert (ns.npd_samples, ns.fertility_source, ns.npd_teacher) == (10, "aligner", "t.pt")
+    assert dec.decoding_kinds({"fertility": "aligner", "npd": 10}) == {"nat"}
+    assert set(NPDGenerator.decoding_keys) == {"fertility", "npd"}
+
+
+def test_generation_args_take_precedence_over_the_task_config(model_task):
+    task, model, _ = model_task
+    from fairseq_nat_ext.benchmark import decoding as dec
+
+    gen = task.build_generator([model], dec.generation_options({"npd": 1}))
+    assert isinstance(gen, NPDGenerator) and gen.samples == 1
+    task.cfg.npd_samples = 4
+    try:
+        with pytest.raises(InputError, match="--npd-samples 4 needs --npd-teacher"):  # read from the task
+            task.build_generator([model], dec.generation_options({}))
+        assert task.build_generator([model], dec.generation_options({"npd": 1})).samples == 1
+    finally:
+        task.cfg.npd_samples = 1
+
+
+def test_fairseq_reranker_shim_scores_like_our_teacher_scoring(toy_databin):
+    """fairseq's --iter-decode-with-external-reranker (the NPD speed baseline) crashes on dict encoder
+    outputs; the compat shim restores it, and it scores candidates exactly as teacher_scores does."""
+    import fairseq_nat_ext  # noqa: F401  (applies the shim)
+    from fairseq import options, tasks
+    from fairseq.iterative_refinement_generator import IterativeRefinementGenerator
+
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        toy_databin[0], "--task", "translation", "--arch", "transformer", "--share-all-embeddings",
+        "--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
+        "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2",
+        "--decoder-attention-heads", "2", "--dropout", "0"])
+    task = tasks.setup_task(args)
+    torch.manual_seed(0)
+    teacher = task.build_model(args).eval()
+    d = task.target_dictionary
+    src = torch.tensor([[1, 20, 21, 2], [22, 23, 24, 2]])
+    src_len = torch.tensor([3, 4])
+    ys = [[30, 31, 32], [33], [34, 35], [36, 37, 38, 39]]  # 2 candidates per sentence
+    finalized = [[{"tokens": torch.tensor([d.bos()] + y + [d.eos()]), "score": 0.0}] for y in ys]
+    gen = IterativeRefinementGenerator(d, beam_size=2, reranking=True)
+    with torch.no_grad():
+        out = gen.rerank(teacher, finalized, [src, src_len], 2)
+    tokens = torch.full((4, 4), d.pad())
+    for i, y in enumerate(ys):
+        tokens[i, : len(y)] = torch.tensor(y)
+    lengths = torch.tensor([len(y) for y in ys])
+    ours = teacher_scores(teacher, src, src_len, torch.tensor([0, 0, 1, 1]), tokens, lengths, d.pad(), d.eos())
+    assert torch.allclose(torch.stack([f[0]["score"] for f in out]), ours, atol=1e-5)
