@@ -382,3 +382,36 @@ def test_descriptive_keys_are_checked_against_the_run():
     _check_info({"loss": "uniform"}, run, model, "d")
     with pytest.raises(SystemExit, match="has none"):
         _check_info({"loss": "uniform"}, run, SimpleNamespace(args=SimpleNamespace()), "d")
+
+
+def test_training_wall_time_sums_the_runs_of_a_resumed_log(tmp_path):
+    # two fairseq-train processes appended to one log; the second one's wall meter restarts (logs 0)
+    log = tmp_path / "train.log"
+    log.write_text(
+        "2026-11-29 20:00:00 | INFO | fairseq_cli.train | {'_name': None, 'common': {}}\n"
+        "2026-11-29 20:10:00 | INFO | train_inner | epoch 001:  10 / 60 num_updates=100, wall=600\n"
+        "2026-11-29 20:20:00 | INFO | train_inner | epoch 002:  10 / 60 num_updates=200, wall=1200\n"
+        "some line without a timestamp (a warning)\n"
+        "2026-11-29 23:00:00 | INFO | fairseq_cli.train | {'_name': None, 'common': {}}\n"
+        "2026-11-29 23:05:00 | INFO | train_inner | epoch 002:  30 / 60 num_updates=260, wall=0\n"
+    )
+    assert provenance.training_stats_from_log(log) == (260, 1200.0 + 300.0)
+
+
+def test_oracle_results_get_their_own_table(tmp_path):
+    import json
+
+    from fairseq_nat_ext.benchmark import tables
+
+    path = tmp_path / "oracle.json"
+    rows = [{"impl": "ours", "batch": 256, "device": "cpu", "ms_per_batch": 43.3, "same_edit_count": True},
+            {"impl": "libnat", "batch": 256, "device": "cpu", "ms_per_batch": 9.4, "same_edit_count": False}]
+    path.write_text(json.dumps({"benchmark": "oracle", "hardware": "cpu", "threads": 1, "command": "x",
+                                "rows": rows}))
+    text = tables.markdown_tables([str(path)])
+    assert "| ours | 256 | cpu | 43.30 | yes |" in text and "| libnat | 256 | cpu | 9.40 | NO |" in text
+    del rows[0]["ms_per_batch"]
+    path.write_text(json.dumps({"benchmark": "oracle", "hardware": "cpu", "threads": 1, "command": "x",
+                                "rows": rows}))
+    with pytest.raises(ValueError, match=r"rows\[0\]: missing ms_per_batch"):
+        tables.markdown_tables([str(path)])

@@ -64,15 +64,37 @@ def training_stats_from_state(state):
     return updates, wall
 
 
+_STAMP_RE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) \| ")
+_RUN_START = "fairseq_cli.train | {"  # fairseq-train logs its whole config when a process starts
+
+
 def training_stats_from_log(path):
-    """(num_updates or None, wall seconds or None) from the last log line that has both."""
-    updates = wall = None
+    """(num_updates or None, wall seconds or None) from a fairseq-train log (``tee -a`` of every run).
+
+    Updates: the last line with ``num_updates``.  Wall time: summed over the runs of a resumed training
+    (each run starts where fairseq-train logs its config), from the first to the last timestamped line
+    of each run; a resumed run's own ``wall`` meter restarts (and fairseq logs 0 after a resume), so the
+    meter is used only for logs without timestamps."""
+    from datetime import datetime
+
+    updates = meter = None
+    runs = []  # [first, last] timestamp of each run
     with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
             u, w = _UPDATES_RE.search(line), _WALL_RE.search(line)
             if u and w:
-                updates, wall = int(u.group(1)), float(w.group(1))
-    return updates, wall
+                updates, meter = int(u.group(1)), float(w.group(1))
+            m = _STAMP_RE.match(line)
+            if m:
+                t = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")
+                if _RUN_START in line or not runs:
+                    runs.append([t, t])
+                runs[-1][1] = t
+    if updates is None:
+        return None, None
+    if runs:
+        return updates, float(sum((last - first).total_seconds() for first, last in runs))
+    return updates, meter
 
 
 def resolve_training_stats(explicit_updates=None, explicit_wall=None, log_path=None, state=None):

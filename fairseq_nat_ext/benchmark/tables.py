@@ -66,10 +66,40 @@ def markdown_table(results):
     return "\n".join(lines) + "\n"
 
 
+ORACLE_KEYS = ("impl", "batch", "device", "ms_per_batch", "same_edit_count")
+
+
+def check_oracle_results(obj, path):
+    """The oracle benchmark's file (``benchmark/oracle_speed.py``): its own rows; ValueError naming
+    the file and what is wrong."""
+    for key in ("benchmark", "hardware", "threads", "command", "rows"):
+        if key not in obj:
+            raise ValueError(f"{path}: missing key '{key}'")
+    for i, row in enumerate(obj["rows"]):
+        missing = [k for k in ORACLE_KEYS if k not in row]
+        if missing:
+            raise ValueError(f"{path}: rows[{i}]: missing {', '.join(missing)}")
+    return obj
+
+
+def oracle_table(results):
+    lines = [f"### {results['benchmark']}", "",
+             f"- hardware: {results['hardware']}, {results['threads']} torch thread(s)",
+             f"- command: `{results['command']}`", "",
+             "| impl | batch | device | ms per batch | same edit counts as libnat |",
+             "| --- | ---: | --- | ---: | --- |"]
+    for r in results["rows"]:
+        lines.append(f"| {r['impl']} | {r['batch']} | {r['device']} | {r['ms_per_batch']:.2f} | "
+                     f"{'yes' if r['same_edit_count'] else 'NO'} |")
+    return "\n".join(lines) + "\n"
+
+
 def _load_any(path):
-    """(results, table function): the BLEU schema, or the pointer benchmark's own schema."""
+    """(results, table function): the BLEU schema, or the pointer / oracle benchmarks' own schemas."""
     with open(path, encoding="utf-8") as f:
         obj = json.load(f)
+    if obj.get("benchmark") == "oracle":
+        return check_oracle_results(obj, str(path)), oracle_table
     if pointer_results.is_pointer_results(obj):
         return pointer_results.check_results(obj, str(path)), pointer_results.markdown_table
     return load_results(path), markdown_table
