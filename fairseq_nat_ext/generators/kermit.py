@@ -23,6 +23,7 @@ import torch
 from ..compat import InputError
 from ..models.nat.edit_ops import fill_placeholders, insert_placeholders, trim
 from ..models.nat.kermit import absent_like, first_eos, pair_canvas
+from .edit import _spread
 
 GAP_SYMBOL = "<gap>"
 GENERATE_MODES = ("translate", "joint", "marginal", "cloze")
@@ -91,7 +92,7 @@ class KermitGenerator:
             gap_after = gap_after[:, :gen.size(1)]
             given = empty
         x, y = (gen, given) if self.target_is_x else (given, gen)
-        canvas, seg, sep = pair_canvas(x, y, pad, self.bos)
+        canvas, _, sep = pair_canvas(x, y, pad, self.bos)
         T = canvas.size(1)
         pos = torch.arange(T, device=src.device).unsqueeze(0)
         length = canvas.ne(pad).sum(1, keepdim=True)
@@ -165,12 +166,9 @@ class KermitGenerator:
             return tokens, open_, scores
         grown = insert_placeholders(tokens, ins.long(), self.pad, self.mask, max_len=self.max_len)
         placed = grown.eq(self.mask)
-        kept = grown.ne(self.mask) & grown.ne(self.pad)
-        new_open = torch.zeros_like(grown, dtype=torch.bool)
-        new_open[kept] = open_[tokens.ne(self.pad)]
+        new_open = _spread(open_, tokens, grown, self.mask, self.pad)
         new_open[placed] = True  # the slot after an inserted token stays open
-        new_scores = torch.zeros(grown.shape, device=scores.device, dtype=scores.dtype)
-        new_scores[kept] = scores[tokens.ne(self.pad)]
+        new_scores = _spread(scores, tokens, grown, self.mask, self.pad)
         take = ins & (torch.cumsum(ins.long(), 1) <= placed.sum(1, keepdim=True))  # cut by max_len
         grown = fill_placeholders(grown, best[take], self.mask)
         new_scores[placed] = best_lp[take].to(scores.dtype)
