@@ -114,3 +114,25 @@ def test_bit_parallel_table_equals_the_row_minimum_table(monkeypatch):
     for b in range(4):
         t = tuple(x for x in tgt[b].tolist() if x != PAD)
         assert int(o.distance[b]) == brute_distance(tuple(hyp[b].tolist()), t)[0]
+
+
+def test_bit_walk_equals_table_walk(monkeypatch):
+    """The bit-word backtrace (targets <= 62 tokens) and the table backtrace give the same oracle,
+    field by field, on random batches with ragged padding, up to the word boundary (m = 62)."""
+    import fairseq_nat_ext.oracles.levenshtein as lev
+
+    g = torch.Generator().manual_seed(2)
+    for n, m, vocab in ((1, 1, 3), (12, 9, 3), (70, 62, 4), (30, 62, 2), (5, 40, 6)):
+        hyp = torch.randint(2, 2 + vocab, (33, n), generator=g)
+        tgt = torch.randint(2, 2 + vocab, (33, m), generator=g)
+        hyp_len = torch.randint(0, n + 1, (33,), generator=g)
+        tgt_len = torch.randint(0, m + 1, (33,), generator=g)
+        hyp[torch.arange(n) >= hyp_len.unsqueeze(1)] = PAD
+        tgt[torch.arange(m) >= tgt_len.unsqueeze(1)] = PAD
+        bits = levenshtein_oracle(hyp, tgt, PAD, MASK)
+        monkeypatch.setattr(lev, "_BITS", 0)
+        table = levenshtein_oracle(hyp, tgt, PAD, MASK)
+        monkeypatch.undo()
+        for name, a, b in zip(bits._fields, bits, table):
+            assert torch.equal(a, b), (n, m, name)
+        assert apply_edits(hyp, bits, tgt, PAD) == [[int(x) for x in row if x != PAD] for row in tgt]

@@ -11,8 +11,14 @@ for the whole batch.  Targets up to 62 tokens use bit-parallel rows (Allison-Dix
 one int64 per sequence and costs four integer operations on a (batch,) tensor; the table is then
 unpacked in one vectorised step.  Longer targets use L[i, j] = max_{k <= j} max(L[i-1, k],
 L[i-1, k-1] + [h[i] == t[k]]), a cumulative max per row.  No Python loop runs over target positions
-or sequences.  The backtrace precomputes, for every cell, where the walk goes next, then takes one
-gather per hypothesis row for the whole batch.
+or sequences.
+
+Backtrace.  With bit-parallel rows the walk needs no table at all: from V_{i-1} and V_i, two words
+per sequence say in which columns of row i a match / a deletion is optimal (the vertical difference
+L[i, j] - L[i-1, j] is the prefix parity of V_{i-1} xor V_i), and one step of the walk is "highest
+allowed column <= j" on those words: about fifteen operations on (batch,) tensors per hypothesis row.
+For longer targets the table is built and the next column precomputed for every cell, then one
+gather per hypothesis row walks the whole batch.
 
 Tie rule (documented, tested).  Walking back from (n, m): if h[i] == t[j] and D[i, j] == D[i-1, j-1]
 the pair is KEPT (matched); otherwise, if deleting h[i] is optimal (D[i, j] == D[i-1, j] + 1) it is
@@ -48,40 +54,61 @@ class EditOracle(NamedTuple):
 _BITS = 62  # bit-parallel rows fit in an int64 up to this many target positions
 
 
-def _lcs_table_bitparallel(eq: Tensor) -> Tensor:
+def _match_bits(hyp: Tensor, tgt: Tensor) -> Tensor:
+    """(B, n) int64: bit j set where hyp[b, i] == tgt[b, j] (m <= 62), without a (B, n, m) table:
+    sort each target, find each hypothesis token's run of equal tokens (searchsorted), and sum the
+    run's bits from prefix sums (distinct bits: the sum is the OR)."""
+    srt, order = tgt.sort(1)
+    bits = torch.ones(1, dtype=torch.int64, device=tgt.device) << order
+    csum = torch.nn.functional.pad(bits.cumsum(1), (1, 0))  # (B, m + 1)
+    hyp = hyp.contiguous()
+    lo = torch.searchsorted(srt, hyp, side="left")
+    hi = torch.searchsorted(srt, hyp, side="right")
+    return csum.gather(1, hi) - csum.gather(1, lo)
+
+
+def _bit_rows(match_bits: Tensor, m: int) -> Tensor:
+    """(B, n+1) bit-parallel rows V_0..V_n (bits 0..m-1) for ``match_bits`` (B, n) of
+    :func:`_match_bits`.  Carries past bit m-1 never flow back down, so they are masked off once."""
+    full = (1 << m) - 1
+    V = torch.full((match_bits.size(0),), full, dtype=torch.int64, device=match_bits.device)
+    rows = [V]
+    for M in match_bits.unbind(1):
+        U = V & M
+        V = (V + U) | (V - U)
+        rows.append(V)
+    return torch.stack(rows, 1) & full
+
+
+def _lcs_table_bitparallel(hyp: Tensor, tgt: Tensor) -> Tensor:
     """(B, n+1, m+1) LCS lengths L[b, i, j] of hyp[b, :i] and tgt[b, :j] for m <= 62.
 
     Bit-parallel rows (Allison-Dix / Hyyro): bit j of V_i is 0 where the LCS grows at target position
     j, so L[i, j] = number of zero bits of V_i below j.  Each hypothesis token costs four integer
-    operations on a (B,) tensor: V = ((V + U) | (V - U)) with U = V & match_bits(h_i).
-    eq: (B, n, m) bool, eq[b, i, j] = hyp[b, i] == tgt[b, j]."""
-    B, n, m = eq.shape
-    bit = torch.ones(1, dtype=torch.int64, device=eq.device) << torch.arange(m, device=eq.device)
-    match_bits = torch.where(eq, bit, 0).sum(2)  # (B, n)
-    full = (1 << m) - 1
-    V = torch.full((B,), full, dtype=torch.int64, device=eq.device)
-    rows = [V]
-    for i in range(n):
-        U = V & match_bits[:, i]
-        V = ((V + U) | (V - U)) & full
-        rows.append(V)
-    Vs = torch.stack(rows, 1)  # (B, n+1)
+    operations on a (B,) tensor: V = ((V + U) | (V - U)) with U = V & match_bits(h_i)."""
+    B, n = hyp.shape
+    m = tgt.size(1)
+    Vs = _bit_rows(_match_bits(hyp, tgt), m)
+    bit = torch.ones(1, dtype=torch.int64, device=hyp.device) << torch.arange(m, device=hyp.device)
     zero = (Vs.unsqueeze(2) & bit) == 0  # (B, n+1, m)
-    L = torch.zeros(B, n + 1, m + 1, dtype=torch.int16, device=eq.device)
+    L = torch.zeros(B, n + 1, m + 1, dtype=torch.int16, device=hyp.device)
     torch.cumsum(zero, dim=2, dtype=torch.int16, out=L[:, :, 1:])
     return L
 
 
-def lcs_table(hyp: Tensor, tgt: Tensor, eq: Tensor = None) -> Tensor:
+def lcs_table(hyp: Tensor, tgt: Tensor) -> Tensor:
     """(B, n+1, m+1) int16 LCS lengths of hyp[b, :i] and tgt[b, :j] (padding compared like any token:
-    read the table at the real lengths).  ``eq`` (B, n, m): the token equality table if known."""
-    B, n = hyp.shape
-    m = tgt.size(1)
-    eq = hyp.unsqueeze(2) == tgt.unsqueeze(1) if eq is None else eq
-    if m <= _BITS:
-        return _lcs_table_bitparallel(eq)
-    # general case, one row per hypothesis token: L[i, j] = max_{k <= j} max(L[i-1, k], L[i-1, k-1] + eq)
-    L = torch.zeros(B, n + 1, m + 1, dtype=torch.int16, device=hyp.device)
+    read the table at the real lengths)."""
+    if tgt.size(1) <= _BITS:
+        return _lcs_table_bitparallel(hyp, tgt)
+    return _lcs_table_rows(hyp.unsqueeze(2) == tgt.unsqueeze(1))
+
+
+def _lcs_table_rows(eq: Tensor) -> Tensor:
+    """The same table for any m, one row per hypothesis token:
+    L[i, j] = max_{k <= j} max(L[i-1, k], L[i-1, k-1] + eq)."""
+    B, n, m = eq.shape
+    L = torch.zeros(B, n + 1, m + 1, dtype=torch.int16, device=eq.device)
     for i in range(1, n + 1):
         prev = L[:, i - 1]
         E = prev.clone()
@@ -104,18 +131,84 @@ def levenshtein_oracle(hyp: Tensor, tgt: Tensor, pad: int, mask: int) -> EditOra
 
     The backtrace visits one hypothesis row per step: in row i the walk moves left (insertions) from
     its column j to the nearest column k <= j where a match or a deletion is optimal, then matches
-    (to row i-1, column k-1) or deletes (to row i-1, column k).  That next column is precomputed for
-    every cell of the table, so a step is one gather per row for the whole batch."""
+    (to row i-1, column k-1) or deletes (to row i-1, column k).  For targets up to 62 tokens a step
+    works on two bit words per sequence (``_walk_bitparallel``); longer targets precompute the next
+    column for every cell of the table and take one gather per row (``_walk_table``)."""
     B, n = hyp.shape
     m = tgt.size(1)
     dev = hyp.device
     W = m + 1
     hyp_len = hyp.ne(pad).sum(1)
     tgt_len = tgt.ne(pad).sum(1)
-    eq = hyp.unsqueeze(2) == tgt.unsqueeze(1)  # (B, n, m)
-    L = lcs_table(hyp, tgt, eq)  # (B, n+1, W); distance D = i + j - 2 L
-    lcs = L.view(B, -1).gather(1, (hyp_len * W + tgt_len).unsqueeze(1)).squeeze(1).long()
-    distance = hyp_len + tgt_len - 2 * lcs
+    if m <= _BITS:
+        keep_hyp, match_col = _walk_bitparallel(_match_bits(hyp, tgt), m, hyp_len, tgt_len)
+    else:
+        keep_hyp, match_col = _walk_table(hyp.unsqueeze(2) == tgt.unsqueeze(1), hyp_len, tgt_len)
+    distance = hyp_len + tgt_len - 2 * keep_hyp.sum(1)
+    keep_tgt = torch.zeros(B, W, dtype=torch.bool, device=dev)
+    keep_tgt.scatter_(1, torch.where(keep_hyp, match_col, 0), keep_hyp)
+    keep_tgt = keep_tgt[:, 1:]  # column j holds target token j-1
+    real_hyp = hyp.ne(pad)
+    del_labels = (real_hyp & ~keep_hyp).long()
+    # slot of each unmatched target token = number of kept target tokens before it
+    slot = torch.cumsum(keep_tgt.long(), dim=1)
+    inserted = tgt.ne(pad) & ~keep_tgt
+    ins_counts = torch.zeros(B, m + 1, dtype=torch.long, device=dev)
+    ins_counts.scatter_add_(1, slot, inserted.long())
+    masked_tgt = torch.where(inserted, torch.full_like(tgt, mask), tgt)
+    return EditOracle(distance, del_labels, keep_tgt, ins_counts, masked_tgt)
+
+
+def _walk_bitparallel(match_bits: Tensor, m: int, hyp_len: Tensor, tgt_len: Tensor):
+    """(keep_hyp (B, n) bool, match_col (B, n) long: 1-based target column of each kept token) for
+    m <= 62 from the (B, n) match words of :func:`_match_bits`; no (B, n, m) tensor at all.
+
+    Row i (hypothesis token i, 1-based) in bits, with z_i = zero bits of V_i (L grows there):
+      dv = prefix parity of V_{i-1} ^ V_i: bit j-1 = L[i, j] - L[i-1, j]            (0 or 1)
+      deletion optimal at column j  <=>  dv bit j-1 is 0, or j = 0                 -> bit j of ``dele``
+      match optimal at column j     <=>  h_i == t_j and L[i, j] = L[i-1, j-1] + 1,
+                                         i.e. bit j-1 of  M_i & (dv | z_{i-1})     -> column j
+    The walk enters row i at column j, goes left to the highest column k <= j where either holds,
+    matches there if it can (to column k-1), else deletes (stays at column k).  Rows past a
+    hypothesis's end delete everywhere and match nowhere, so the walk passes them unchanged.  The
+    state is e = j + 1 (columns 0..j are the bits below e); the highest set bit is read from the
+    float64 exponent field (exact below 2^53, one correction step above): a handful of in-place
+    operations on (B,) tensors per row."""
+    B, n = match_bits.shape
+    dev = match_bits.device
+    Vs = _bit_rows(match_bits, m)
+    full = (1 << m) - 1
+    dv = Vs[:, 1:] ^ Vs[:, :-1]
+    for shift in (1, 2, 4, 8, 16, 32):  # shifts wrap (int64): bits past m are masked off below
+        dv = dv ^ (dv << shift)
+    dv = dv & full
+    active = torch.arange(n, device=dev) < hyp_len.unsqueeze(1)  # (B, n): row within the hypothesis
+    dele = torch.where(active, ((full ^ dv) << 1) | 1, -1)
+    # match column j sits at bit j + 1 of ``match`` (so ``>> e`` reads column e - 1), at bit j of ``stop``
+    match = torch.where(active, (match_bits & (dv | ~Vs[:, :-1])) << 2, 0)
+    stop, match = (dele | (match >> 1)).unbind(1), match.unbind(1)
+    below = (torch.ones(1, dtype=torch.int64, device=dev) << torch.arange(m + 2, device=dev)) - 1  # below[e]: bits < e
+    exact = m + 1 <= 53
+    as_float = torch.empty(B, dtype=torch.float64, device=dev)
+    e = tgt_len + 1
+    keep, entry = [None] * n, [None] * n
+    for i in range(n - 1, -1, -1):
+        x = torch.bitwise_and(stop[i], torch.take(below, e))
+        k1 = torch.bitwise_right_shift(as_float.copy_(x).view(torch.int64), 52).sub_(1022)  # top bit + 1
+        if not exact:
+            k1.sub_(torch.bitwise_right_shift(x, k1 - 1).eq(0).long())
+        keep[i] = torch.bitwise_right_shift(match[i], k1).bitwise_and_(1)
+        e = entry[i] = k1.sub_(keep[i])
+    keep = torch.stack(keep, 1)
+    return keep.bool(), torch.stack(entry, 1) + keep - 1
+
+
+def _walk_table(eq: Tensor, hyp_len: Tensor, tgt_len: Tensor):
+    """The same walk over the full LCS table (any target length)."""
+    B, n, m = eq.shape
+    dev = eq.device
+    W = m + 1
+    L = _lcs_table_rows(eq)  # (B, n+1, W); distance D = i + j - 2 L
     # can_match[i-1, j] (cells i >= 1): h[i] == t[j] and the diagonal keeps the distance (L grows)
     can_match = torch.zeros(B, n, W, dtype=torch.bool, device=dev)
     can_match[:, :, 1:] = eq & (L[:, :-1, :-1] != L[:, 1:, 1:])
@@ -140,19 +233,7 @@ def levenshtein_oracle(hyp: Tensor, tgt: Tensor, pad: int, mask: int) -> EditOra
         entry[i - 1] = j
     entry_col = torch.cat(entry[1:], 1).unsqueeze(2)  # (B, n, 1)
     keep_hyp = matched_at.gather(2, entry_col).squeeze(2) & ~beyond.squeeze(2)
-    match_col = k.gather(2, entry_col).squeeze(2)
-    keep_tgt = torch.zeros(B, W, dtype=torch.bool, device=dev)
-    keep_tgt.scatter_(1, torch.where(keep_hyp, match_col, 0), keep_hyp)
-    keep_tgt = keep_tgt[:, 1:]  # column j holds target token j-1
-    real_hyp = hyp.ne(pad)
-    del_labels = (real_hyp & ~keep_hyp).long()
-    # slot of each unmatched target token = number of kept target tokens before it
-    slot = torch.cumsum(keep_tgt.long(), dim=1)
-    inserted = tgt.ne(pad) & ~keep_tgt
-    ins_counts = torch.zeros(B, m + 1, dtype=torch.long, device=dev)
-    ins_counts.scatter_add_(1, slot, inserted.long())
-    masked_tgt = torch.where(inserted, torch.full_like(tgt, mask), tgt)
-    return EditOracle(distance, del_labels, keep_tgt, ins_counts, masked_tgt)
+    return keep_hyp, k.gather(2, entry_col).squeeze(2)
 
 
 def apply_edits(hyp: Tensor, oracle: EditOracle, tgt: Tensor, pad: int):

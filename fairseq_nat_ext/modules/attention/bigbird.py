@@ -11,7 +11,7 @@ is dropped (each key counted once).  Work and memory are O(N * (w + g + r) * blo
 import torch
 
 from .base import AttentionVariant
-from .functional import check_max_positions, dense_partial, masked_softmax, valid_keys
+from .functional import check_max_positions, fused_attention, valid_keys
 from .registry import register_attention
 
 
@@ -72,13 +72,16 @@ class BigBirdAttention(AttentionVariant):
         vg = pad(v).reshape(B, H, nb, bs * d).gather(2, flat).view(B, H, nb, K * bs, d)
         kpos = (idx.unsqueeze(-1) * bs + torch.arange(bs, device=q.device)).view(B, H, nb, K * bs)
         allowed = valid.repeat_interleave(bs, dim=-1) & (kpos < lengths.view(B, 1, 1, 1))
-        scores = torch.matmul(qb, kg.transpose(-1, -2)) / d ** 0.5  # (B, H, nb, bs, K*bs)
-        probs, _ = masked_softmax(scores, allowed.unsqueeze(3), self.dropout, self.training)
-        out = torch.matmul(probs, vg).reshape(B, H, L, d)[:, :, :N]
+        # a query block wholly in the padding sees all its keys (discarded; fused kernels need a key)
+        pad_block = torch.arange(nb, device=q.device).view(1, 1, nb, 1) * bs >= lengths.view(B, 1, 1, 1)
+        # one fused softmax per query block over its gathered key blocks (query blocks act as heads)
+        out = fused_attention(qb.flatten(0, 1), kg.flatten(0, 1), vg.flatten(0, 1),
+                              (allowed | pad_block).flatten(0, 1).unsqueeze(2), self.dropout, self.training)
+        out = out.reshape(B, H, L, d)[:, :, :N]
         g = min(o.bigbird_global_blocks * bs, N)
         if g > 0:  # global queries see every real key
-            glob, _ = dense_partial(q[:, :, :g], k, v, valid_keys(lengths, N)[:, None, None, :],
-                                    self.dropout, self.training)
+            glob = fused_attention(q[:, :, :g], k, v, valid_keys(lengths, N)[:, None, None, :],
+                                   self.dropout, self.training)
             out = torch.cat([glob, out[:, :, g:]], dim=2)
         return out
 

@@ -1,14 +1,13 @@
 """``compressed``: memory-compressed attention (Liu et al. 2018): keys and values pass through a
 strided 1-D convolution (kernel = stride = --compress-kernel), so N queries attend over N/c keys."""
 
-import math
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from .base import AttentionVariant
-from .functional import masked_softmax, valid_keys
+from .functional import fused_attention, valid_keys
 from .registry import register_attention
 
 
@@ -36,6 +35,4 @@ class CompressedAttention(AttentionVariant):
         v_c = self._compress(self.conv_v, v, real)
         # a compressed key is real when its window holds at least one real token
         allowed = (torch.arange(k_c.size(2), device=q.device) * c).unsqueeze(0) < lengths.unsqueeze(1)
-        scores = torch.matmul(q, k_c.transpose(-1, -2)) / math.sqrt(q.size(-1))
-        probs, _ = masked_softmax(scores, allowed[:, None, None, :], self.dropout, self.training)
-        return torch.matmul(probs, v_c)
+        return fused_attention(q, k_c, v_c, allowed[:, None, None, :], self.dropout, self.training)

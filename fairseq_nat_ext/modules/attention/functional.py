@@ -86,6 +86,59 @@ def local_partial(q: Tensor, k: Tensor, v: Tensor, lengths: Tensor, radius: int,
     return out, lse.reshape(B, H, L)[:, :, :N]
 
 
+def fused_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, dropout: float = 0.0,
+                    training: bool = False) -> Tensor:
+    """softmax(q k^T / sqrt(d)) v over the ``allowed`` keys by torch's fused kernel (no score matrix is
+    kept: memory O(queries * d) on CPU and CUDA).  q (X, Y, Nq, d), k/v (X, Y, M, d), ``allowed``
+    bool broadcasting to (X, Y, Nq, M), or None for all keys.  Every query row must allow at least
+    one key (a fully masked row is NaN in the fused kernels)."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout if training else 0.0)
+
+
+def to_blocks(x: Tensor, w: int) -> Tensor:
+    """(B, H, N, d) -> (B * nb, H, w, d), blocks of w positions (the last one zero-padded)."""
+    B, H, N, d = x.shape
+    nb = -(-N // w)
+    return F.pad(x, (0, 0, 0, nb * w - N)).view(B, H, nb, w, d).transpose(1, 2).reshape(B * nb, H, w, d)
+
+
+def from_blocks(y: Tensor, B: int, N: int) -> Tensor:
+    """Inverse of :func:`to_blocks`: (B * nb, H, w, d) -> (B, H, N, d)."""
+    _, H, w, d = y.shape
+    return y.view(B, -1, H, w, d).transpose(1, 2).reshape(B, H, -1, d)[:, :, :N]
+
+
+def window_blocks(x: Tensor, w: int, reach: int = 1) -> Tensor:
+    """(B, H, N, d) -> (B * nb, H, (2 reach + 1) w, d): for query block b the keys of blocks
+    b - reach .. b + reach (zeros outside the sequence); (2 reach + 1)x the input's memory, never N x N."""
+    B, H, N, d = x.shape
+    nb = -(-N // w)
+    span = (2 * reach + 1) * w
+    win = F.pad(x, (0, 0, reach * w, nb * w - N + reach * w)).unfold(2, span, w)  # (B, H, nb, d, span)
+    return win.permute(0, 2, 1, 4, 3).reshape(B * nb, H, span, d)
+
+
+def window_mask(lengths: Tensor, n: int, w: int, radius: int, min_key: int = 0, reach: int = 1) -> Tensor:
+    """(B, nb, w, (2 reach + 1) w) bool for :func:`window_blocks`: query i sees key j when
+    |i - j| <= radius, min_key <= j < length.  A padding query sees its whole window (its output is
+    discarded; the fused kernels need one allowed key per row)."""
+    nb = -(-n // w)
+    dev = lengths.device
+    span = (2 * reach + 1) * w
+    qpos = torch.arange(nb * w, device=dev).view(nb, w, 1)
+    kpos = (torch.arange(nb, device=dev) * w - reach * w).view(nb, 1, 1) + torch.arange(span, device=dev).view(1, 1, -1)
+    band = ((kpos - qpos).abs() <= radius) & (kpos >= max(min_key, 0))  # (nb, w, span)
+    length = lengths.view(-1, 1, 1, 1)
+    return (band.unsqueeze(0) & (kpos.unsqueeze(0) < length)) | (qpos.unsqueeze(0) >= length)
+
+
+def window_layout(radius: int, n: int, block: int = 0):
+    """(block size w, reach) covering |i - j| <= radius: w = ``block`` (default radius / 2, at least 1),
+    reach = ceil(radius / w) key blocks on each side."""
+    w = max(1, min(block or -(-radius // 2), n))
+    return w, -(-radius // w) if radius > 0 else 0
+
+
 def gather_positions(x: Tensor, index: Tensor) -> Tensor:
     """x (B, H, N, d), index (B, H, M) -> (B, H, M, d)."""
     return x.gather(2, index.unsqueeze(-1).expand(*index.shape, x.size(-1)))

@@ -6,24 +6,33 @@ tokens of the sequence (--global-mode first) or g learned tokens that the encode
 import torch
 
 from .base import AttentionVariant
-from .functional import dense_partial, local_partial, merge_partials, valid_keys
+from .functional import (from_blocks, fused_attention, to_blocks, valid_keys, window_blocks, window_layout,
+                         window_mask)
 from .registry import register_attention
 
 
 @register_attention("global")
 class GlobalAttention(AttentionVariant):
     def forward(self, q, k, v, lengths):
+        """Ordinary queries: blocks of w positions read their window's key blocks (without the global
+        keys) plus the g global keys, one fused softmax; global queries: every real key."""
         B, H, N, d = q.shape
         g = min(self.opts.global_tokens, N)
+        r = self.opts.attention_window
+        w, reach = window_layout(r, N)
         real = valid_keys(lengths, N)  # (B, N)
-        # ordinary queries: window (without the global keys) + the global keys
-        window = local_partial(q, k, v, lengths, self.opts.attention_window, min_key=g,
-                               dropout=self.dropout, training=self.training)
-        to_global = dense_partial(q, k[:, :, :g], v[:, :, :g], real[:, None, None, :g],
-                                  self.dropout, self.training)
-        out = merge_partials([window, to_global])
-        # global queries: every real key
-        glob, _ = dense_partial(q[:, :, :g], k, v, real[:, None, None, :], self.dropout, self.training)
+        mask = window_mask(lengths, N, w, r, min_key=g, reach=reach)  # (B, nb, w, span)
+        nb = mask.size(1)
+        pad_query = torch.arange(nb * w, device=q.device).view(1, nb, w, 1) >= lengths.view(B, 1, 1, 1)
+        mask = torch.cat([mask, real[:, None, None, :g].expand(B, nb, w, g) | pad_query], -1)
+
+        def keys(x):  # (B * nb, H, span + g, d)
+            glob = x[:, :, :g].unsqueeze(1).expand(B, nb, H, g, d).reshape(B * nb, H, g, d)
+            return torch.cat([window_blocks(x, w, reach), glob], 2)
+
+        out = from_blocks(fused_attention(to_blocks(q, w), keys(k), keys(v), mask.flatten(0, 1).unsqueeze(1),
+                                          self.dropout, self.training), B, N)
+        glob = fused_attention(q[:, :, :g], k, v, real[:, None, None, :], self.dropout, self.training)
         return torch.cat([glob, out[:, :, g:]], dim=2)
 
     def pattern(self, lengths, n):

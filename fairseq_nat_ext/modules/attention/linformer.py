@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 
 from .base import AttentionVariant
-from .functional import check_max_positions, masked_softmax, valid_keys
+from .functional import check_max_positions, fused_attention, valid_keys
 from .registry import register_attention
 
 
@@ -28,7 +28,5 @@ class LinformerAttention(AttentionVariant):
         real = valid_keys(lengths, N)[:, None, :, None].to(k.dtype)  # (B, 1, N, 1)
         k_low = torch.einsum("kn,bhnd->bhkd", self.proj_k[:, :N].to(k.dtype), k * real)
         v_low = torch.einsum("kn,bhnd->bhkd", self.proj_v[:, :N].to(v.dtype), v * real)
-        scores = torch.matmul(q, k_low.transpose(-1, -2)) / math.sqrt(q.size(-1))  # (B, H, N, k)
-        allowed = torch.ones((), dtype=torch.bool, device=q.device).expand_as(scores)
-        probs, _ = masked_softmax(scores, allowed, self.dropout, self.training)
-        return torch.matmul(probs, v_low)
+        # every query sees all k projected keys: one fused softmax, no (B, H, N, k) tensor kept
+        return fused_attention(q, k_low, v_low, None, self.dropout, self.training)

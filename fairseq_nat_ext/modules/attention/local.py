@@ -1,16 +1,22 @@
 """``local``: truncated attention, each token sees the tokens within --attention-window of it."""
 
 from .base import AttentionVariant
-from .functional import local_partial
+from .functional import from_blocks, fused_attention, to_blocks, window_blocks, window_layout, window_mask
 from .registry import register_attention
 
 
 @register_attention("local")
 class LocalAttention(AttentionVariant):
     def forward(self, q, k, v, lengths):
-        out, _ = local_partial(q, k, v, lengths, self.opts.attention_window,
-                               dropout=self.dropout, training=self.training)
-        return out
+        """Blocks of w positions; query block b reads key blocks b - reach .. b + reach through the
+        fused kernel: O(N * (w + 2 radius)) time, O(N * d) memory, never N x N."""
+        B, H, N, d = q.shape
+        r = self.opts.attention_window
+        w, reach = window_layout(r, N)
+        allowed = window_mask(lengths, N, w, r, reach=reach).flatten(0, 1).unsqueeze(1)  # (B * nb, 1, w, span)
+        out = fused_attention(to_blocks(q, w), window_blocks(k, w, reach), window_blocks(v, w, reach), allowed,
+                              self.dropout, self.training)
+        return from_blocks(out, B, N)
 
     def pattern(self, lengths, n):
         """Dense (B, n, n) bool of which query sees which key (tests and pictures only)."""

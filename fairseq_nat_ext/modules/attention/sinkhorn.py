@@ -13,7 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .base import AttentionVariant
-from .functional import check_max_positions, masked_softmax
+from .functional import check_max_positions, fused_attention
 from .registry import register_attention
 
 
@@ -61,10 +61,13 @@ class SinkhornAttention(AttentionVariant):
         mass = torch.einsum("bhij,bjt->bhit", P, real.view(B, nb, bs))  # real share of each sorted key
         keys = torch.cat([kb, ks], dim=3)  # (B, H, nb, 2bs, d)
         vals = torch.cat([vb, vs], dim=3)
-        scores = torch.matmul(qb, keys.transpose(-1, -2)) / d ** 0.5  # (B, H, nb, bs, 2bs)
         own_ok = real.view(B, 1, nb, bs).expand(B, H, nb, bs) > 0
         sorted_ok = mass > 1e-6
-        allowed = torch.cat([own_ok, sorted_ok], dim=-1).unsqueeze(3)
-        bias = torch.cat([torch.zeros_like(mass), mass.clamp_min(1e-6).log()], dim=-1).unsqueeze(3)
-        probs, _ = masked_softmax(scores + bias, allowed, self.dropout, self.training)
-        return torch.matmul(probs, vals).reshape(B, H, L, d)[:, :, :N]
+        allowed = torch.cat([own_ok, sorted_ok], dim=-1)  # (B, H, nb, 2bs)
+        allowed = allowed | ~allowed.any(-1, keepdim=True)  # a padding block sees all (output discarded)
+        bias = torch.cat([torch.zeros_like(mass), mass.clamp_min(1e-6).log()], dim=-1)
+        bias = bias.masked_fill(~allowed, float("-inf")).to(q.dtype)
+        # one fused softmax per query block over [own block, sorted partner block], with log-mass bias
+        out = fused_attention(qb.flatten(0, 1), keys.flatten(0, 1), vals.flatten(0, 1),
+                              bias.flatten(0, 1).unsqueeze(2), self.dropout, self.training)
+        return out.reshape(B, H, L, d)[:, :, :N]
