@@ -16,86 +16,55 @@
 #                                     scored against the raw English reference)
 # then the README's results section is regenerated.
 #
-# Settings (environment):
-#   DATA_BIN      distilled data-bin (default $REPO/runs/m30k_distill/data-bin)
+# Settings (environment; the shared ones -- DATA_BIN (distilled), RAW_REF (German reference), THREADS,
+# LATENCY_SENTENCES, LIMIT, OUT, README, CUDA, TRAIN_COMMAND -- are listed in examples/benchmark/lib.sh):
 #   RAW_DATA_BIN  raw data-bin for KERMIT (default $REPO/runs/m30k_prep/data-bin)
-#   REF_DE, REF_EN raw references (default the shared test_2016_flickr.{de,en}.gz)
-#   *_CKPT, *_TRAIN_LOG   checkpoints and their training logs (default $REPO/runs/<name>/...)
+#   REF_EN        raw English reference for De->En (default the shared test_2016_flickr.en.gz)
+#   <SYS>_CKPT, <SYS>_TRAIN_LOG, <SYS>_UPDATES, <SYS>_WALL_S  (default $REPO/runs/<sys>/checkpoint_avg.pt
+#                 and the train.log beside it) for SYS in LEVT FS_LEVT INS_BT INS_UNI FS_INS KERMIT
 #   ITER          --iter-decode-max-iter for every system (default 10)
-#   THREADS (2), LATENCY_SENTENCES (200), OUT (benchmarks/results/edit_based.json), README, CUDA=1
 #   SYSTEMS       subset of "levt fs_levt ins_bt ins_uni fs_ins kermit" (default: all)
 set -euo pipefail
-REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-cd "$REPO"
-if [[ -z "${PYTHON:-}" ]]; then
-    if [[ -x "$REPO/.venv/bin/python" ]]; then PYTHON="$REPO/.venv/bin/python"; else PYTHON=python; fi
-fi
-DATA_BIN="${DATA_BIN:-$REPO/runs/m30k_distill/data-bin}"
+NAME=edit_based
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 RAW_DATA_BIN="${RAW_DATA_BIN:-$REPO/runs/m30k_prep/data-bin}"
-REF_DE="${REF_DE:-/work/shared/data/multi30k/test_2016_flickr.de.gz}"
-REF_EN="${REF_EN:-/work/shared/data/multi30k/test_2016_flickr.en.gz}"
+REF_EN="${REF_EN:-$SHARED/data/multi30k/test_2016_flickr.en.gz}"
 ITER="${ITER:-10}"
-THREADS="${THREADS:-2}"
-LATENCY_SENTENCES="${LATENCY_SENTENCES:-200}"
-OUT="${OUT:-benchmarks/results/edit_based.json}"
-README="${README:-README.md}"
-CUDA="${CUDA:-0}"
-SYSTEMS="${SYSTEMS:-levt fs_levt ins_bt ins_uni fs_ins kermit}"
-want() { [[ " $SYSTEMS " == *" $1 "* ]]; }
-die() { echo "error: $*" >&2; exit 1; }
-
-declare -A CKPT LOG
-for s in levt fs_levt ins_bt ins_uni fs_ins kermit; do
-    up="$(echo "$s" | tr a-z A-Z)"
-    var="${up}_CKPT"; CKPT[$s]="${!var:-$REPO/runs/$s/checkpoint_avg.pt}"
-    var="${up}_TRAIN_LOG"; LOG[$s]="${!var:-$(dirname "${CKPT[$s]}")/train.log}"
-    if want "$s"; then [[ -f "${CKPT[$s]}" ]] || die "checkpoint ${CKPT[$s]} not found (set ${up}_CKPT)"; fi
+ALL_SYSTEMS="levt fs_levt ins_bt ins_uni fs_ins kermit"
+SYSTEMS="${SYSTEMS:-$ALL_SYSTEMS}"
+# shellcheck disable=SC2086  # a list
+check_systems $ALL_SYSTEMS
+for s in $ALL_SYSTEMS; do  # default checkpoints: runs/<system>/checkpoint_avg.pt
+    v="$(ckpt_var "$s")"; printf -v "$v" '%s' "${!v:-$REPO/runs/$s/checkpoint_avg.pt}"
 done
-[[ -f "$REF_DE" ]] || die "REF_DE $REF_DE: no such file"
+# shellcheck disable=SC2086
+need_ckpts $ALL_SYSTEMS
+[[ -f "$RAW_REF" ]] || die "RAW_REF $RAW_REF: no such file"
+want kermit && { [[ -f "$REF_EN" ]] || die "REF_EN $REF_EN: no such file"; }
 
-COMMAND="DATA_BIN=$DATA_BIN RAW_DATA_BIN=$RAW_DATA_BIN ITER=$ITER THREADS=$THREADS LATENCY_SENTENCES=$LATENCY_SENTENCES"
-for s in $SYSTEMS; do COMMAND+=" $(echo "$s" | tr a-z A-Z)_CKPT=${CKPT[$s]}"; done
-[[ "$CUDA" == 1 ]] && COMMAND+=" CUDA=1"
-COMMAND+=" SYSTEMS='$SYSTEMS' bash examples/benchmark/edit_based.sh"
-[[ -n "${TRAIN_COMMAND:-}" ]] && COMMAND="training: $TRAIN_COMMAND; benchmark: $COMMAND"
+COMMAND="DATA_BIN=$DATA_BIN RAW_DATA_BIN=$RAW_DATA_BIN ITER=$ITER"
+for s in $SYSTEMS; do COMMAND+="$(command_settings "$(echo "$s" | tr '[:lower:]' '[:upper:]')")"; done
+COMMAND+=" SYSTEMS='$SYSTEMS'"
+finish_command
+harness_options
 
-common() {  # common SRC TGT REF DATA
-    local out=(--benchmark edit_based --data-bin "$4" --raw-ref "$3" --src-lang "$1" --tgt-lang "$2"
-               --threads "$THREADS" --latency-sentences "$LATENCY_SENTENCES" --out "$OUT" --command "$COMMAND")
-    [[ "$CUDA" == 1 ]] && out+=(--cuda)
-    echo "${out[@]}"
+row() {  # row SYSTEM SRC TGT REF DATA_BIN DISTILLED DECODING
+    local p
+    p="$(echo "$1" | tr '[:lower:]' '[:upper:]')"
+    local ckpt="${p}_CKPT"
+    # shellcheck disable=SC2046  # word splitting of train_stats is intended (no spaces in paths)
+    bench "${HARNESS[@]}" --data-bin "$5" --raw-ref "$4" --src-lang "$2" --tgt-lang "$3" \
+        --system-ckpt "${!ckpt}" "$6" --decoding "$7" $(train_stats "$p")
 }
-log_opt() { [[ -f "$1" ]] && echo "--train-log $1" || true; }
-bench() { echo "[edit_based.sh] $*" >&2; "$PYTHON" -m fairseq_nat_ext.benchmark.run "$@"; }
 
-# shellcheck disable=SC2046  # word splitting intended (paths without spaces)
-want levt && bench $(common en de "$REF_DE" "$DATA_BIN") --system-ckpt "${CKPT[levt]}" --distilled \
-    --decoding "iter=$ITER" $(log_opt "${LOG[levt]}")
-# shellcheck disable=SC2046
-want fs_levt && bench $(common en de "$REF_DE" "$DATA_BIN") --system-ckpt "${CKPT[fs_levt]}" --distilled \
-    --decoding "iter=$ITER" $(log_opt "${LOG[fs_levt]}")
-# shellcheck disable=SC2046
-want ins_bt && bench $(common en de "$REF_DE" "$DATA_BIN") --system-ckpt "${CKPT[ins_bt]}" --distilled \
-    --decoding "iter=$ITER,loss=binary_tree" $(log_opt "${LOG[ins_bt]}")
-# shellcheck disable=SC2046
-want ins_uni && bench $(common en de "$REF_DE" "$DATA_BIN") --system-ckpt "${CKPT[ins_uni]}" --distilled \
-    --decoding "iter=$ITER,loss=uniform" $(log_opt "${LOG[ins_uni]}")
-# shellcheck disable=SC2046
-want fs_ins && bench $(common en de "$REF_DE" "$DATA_BIN") --system-ckpt "${CKPT[fs_ins]}" --distilled \
-    --decoding "iter=$ITER" $(log_opt "${LOG[fs_ins]}")
-if want kermit; then
-    [[ -f "$REF_EN" ]] || die "REF_EN $REF_EN: no such file"
-    # shellcheck disable=SC2046
-    bench $(common en de "$REF_DE" "$RAW_DATA_BIN") --system-ckpt "${CKPT[kermit]}" --no-distilled \
-        --decoding "iter=$ITER,dir=en-de" $(log_opt "${LOG[kermit]}")
-    # shellcheck disable=SC2046
-    bench $(common de en "$REF_EN" "$RAW_DATA_BIN") --system-ckpt "${CKPT[kermit]}" --no-distilled \
-        --decoding "iter=$ITER,dir=de-en" $(log_opt "${LOG[kermit]}")
+want levt && row levt en de "$RAW_REF" "$DATA_BIN" --distilled "iter=$ITER"
+want fs_levt && row fs_levt en de "$RAW_REF" "$DATA_BIN" --distilled "iter=$ITER"
+want ins_bt && row ins_bt en de "$RAW_REF" "$DATA_BIN" --distilled "iter=$ITER,loss=binary_tree"
+want ins_uni && row ins_uni en de "$RAW_REF" "$DATA_BIN" --distilled "iter=$ITER,loss=uniform"
+want fs_ins && row fs_ins en de "$RAW_REF" "$DATA_BIN" --distilled "iter=$ITER"
+if want kermit; then  # one checkpoint, both directions, raw data
+    row kermit en de "$RAW_REF" "$RAW_DATA_BIN" --no-distilled "iter=$ITER,dir=en-de"
+    row kermit de en "$REF_EN" "$RAW_DATA_BIN" --no-distilled "iter=$ITER,dir=de-en"
 fi
-
-"$PYTHON" -m fairseq_nat_ext.benchmark.tables "$(dirname "$OUT")"/*.json
-if [[ -f "$README" ]]; then
-    "$PYTHON" -m fairseq_nat_ext.benchmark.tables "$(dirname "$OUT")"/*.json --update-readme "$README" \
-        || echo "[edit_based.sh] README not updated (see the error above)" >&2
-fi
-echo "[edit_based.sh] done: $OUT" >&2
+update_tables

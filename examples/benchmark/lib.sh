@@ -1,0 +1,99 @@
+# Sourced by the Multi30K benchmark scripts (mask_predict.sh, ctc_imputer.sh, edit_based.sh,
+# fertility_refinement.sh) after they set NAME: the repository root and Python, the shared defaults
+# and the helpers every one of them needs.  Settings (environment):
+#   SHARED            the shared data folder (default: ../shared beside the repository)
+#   DATA_BIN          data-bin with the test split (default runs/m30k_distill/data-bin)
+#   RAW_REF           raw German reference (default $SHARED/data/multi30k/test_2016_flickr.de.gz)
+#   SRC, TGT          language pair (en, de)
+#   TEACHER_CKPT      the AR teacher (default $SHARED/data/multi30k-teacher/teacher.pt), its budget
+#                     TEACHER_UPDATES / TEACHER_WALL_S (default 5700 s, its README)
+#   THREADS (2), LATENCY_SENTENCES (200), LIMIT (first N test sentences), CUDA=1, README (README.md),
+#   OUT (benchmarks/results/$NAME.json), TRAIN_COMMAND (how the systems were trained: recorded)
+#   <SYS>_CKPT, <SYS>_TRAIN_LOG (default: train.log beside the checkpoint), <SYS>_UPDATES, <SYS>_WALL_S
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$REPO"
+if [[ -z "${PYTHON:-}" ]]; then
+    if [[ -x "$REPO/.venv/bin/python" ]]; then PYTHON="$REPO/.venv/bin/python"; else PYTHON=python; fi
+fi
+SHARED="${SHARED:-$(dirname "$REPO")/shared}"
+DATA_BIN="${DATA_BIN:-$REPO/runs/m30k_distill/data-bin}"
+RAW_REF="${RAW_REF:-$SHARED/data/multi30k/test_2016_flickr.de.gz}"
+SRC="${SRC:-en}"
+TGT="${TGT:-de}"
+TEACHER_CKPT="${TEACHER_CKPT:-$SHARED/data/multi30k-teacher/teacher.pt}"
+TEACHER_UPDATES="${TEACHER_UPDATES:-}"
+TEACHER_WALL_S="${TEACHER_WALL_S:-5700}"
+THREADS="${THREADS:-2}"
+LATENCY_SENTENCES="${LATENCY_SENTENCES:-200}"
+LIMIT="${LIMIT:-}"
+OUT="${OUT:-benchmarks/results/$NAME.json}"
+README="${README:-README.md}"
+CUDA="${CUDA:-0}"
+
+die() { echo "error: $*" >&2; exit 1; }
+want() { [[ " $SYSTEMS " == *" $1 "* ]]; }
+[[ -z "$LIMIT" || "$LIMIT" =~ ^[1-9][0-9]*$ ]] || die "LIMIT must be a positive integer, got '$LIMIT'"
+
+check_systems() {  # check_systems KNOWN...: every word of $SYSTEMS is one of KNOWN
+    local s
+    for s in $SYSTEMS; do [[ " $* " == *" $s "* ]] || die "SYSTEMS: unknown system '$s' ($*)"; done
+}
+
+ckpt_var() { echo "$(echo "$1" | tr '[:lower:]' '[:upper:]')_CKPT"; }  # system -> its variable
+
+need_ckpts() {  # need_ckpts SYSTEM...: each wanted system's checkpoint exists
+    local s v
+    for s in "$@"; do
+        v="$(ckpt_var "$s")"
+        if want "$s"; then [[ -f "${!v:-}" ]] || die "checkpoint ${!v:-} not found (set $v, or leave $s out of SYSTEMS)"; fi
+    done
+}
+
+command_settings() {  # command_settings PREFIX...: " P_CKPT=... P_UPDATES=... P_WALL_S=..." of those set
+    local p v out=""
+    for p in "$@"; do
+        for v in "${p}_CKPT" "${p}_UPDATES" "${p}_WALL_S"; do [[ -n "${!v:-}" ]] && out+=" $v=${!v}"; done
+    done
+    echo "$out"
+}
+
+finish_command() {  # the shared settings and this script's name close the recorded COMMAND
+    COMMAND+=" THREADS=$THREADS LATENCY_SENTENCES=$LATENCY_SENTENCES${LIMIT:+ LIMIT=$LIMIT}"
+    [[ "$CUDA" == 1 ]] && COMMAND+=" CUDA=1"
+    COMMAND+=" bash examples/benchmark/$NAME.sh"
+    [[ -n "${TRAIN_COMMAND:-}" ]] && COMMAND="training: $TRAIN_COMMAND; benchmark: $COMMAND"
+    return 0
+}
+
+harness_options() {  # -> HARNESS: options of every fairseq_nat_ext.benchmark.run call (after COMMAND is final)
+    HARNESS=(--benchmark "$NAME" --threads "$THREADS" --latency-sentences "$LATENCY_SENTENCES" --out "$OUT"
+             --command "$COMMAND")
+    [[ -n "$LIMIT" ]] && HARNESS+=(--limit "$LIMIT")
+    [[ "$CUDA" == 1 ]] && HARNESS+=(--cuda)
+    return 0
+}
+
+train_stats() {  # train_stats PREFIX: the --train-* options of one system (P_UPDATES, P_WALL_S, its log)
+    local p="$1" v log out=()
+    v="${p}_UPDATES"; [[ -n "${!v:-}" ]] && out+=(--train-updates "${!v}")
+    v="${p}_WALL_S"; [[ -n "${!v:-}" ]] && out+=(--train-wall-s "${!v}")
+    if [[ "$p" != TEACHER ]]; then  # the shared teacher's budget is stated, it has no log here
+        v="${p}_TRAIN_LOG"; log="${!v:-}"
+        v="${p}_CKPT"; [[ -z "$log" && -n "${!v:-}" ]] && log="$(dirname "${!v}")/train.log"
+        [[ -f "$log" ]] && out+=(--train-log "$log")
+    fi
+    echo "${out[@]}"
+}
+
+bench() { echo "[$NAME.sh] $*" >&2; "$PYTHON" -m fairseq_nat_ext.benchmark.run "$@"; }
+
+update_tables() {  # print every results table and regenerate the README's results section
+    "$PYTHON" -m fairseq_nat_ext.benchmark.tables "$(dirname "$OUT")"/*.json
+    if [[ -f "$README" ]]; then
+        "$PYTHON" -m fairseq_nat_ext.benchmark.tables "$(dirname "$OUT")"/*.json --update-readme "$README" \
+            || echo "[$NAME.sh] README not updated (see the error above)" >&2
+    else
+        echo "[$NAME.sh] $README not found: README not updated" >&2
+    fi
+    echo "[$NAME.sh] done: $OUT" >&2
+}
