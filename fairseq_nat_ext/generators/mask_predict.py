@@ -22,6 +22,8 @@ import math
 
 import torch
 
+from .base import NATGeneratorBase
+
 
 def remask_counts(lengths, t, T):
     """Number of tokens to re-mask at iteration t (1 <= t < T) for rows of the given lengths."""
@@ -37,24 +39,14 @@ def lowest_prob_mask(probs, lengths, n):
     return (ranks < n.unsqueeze(1)) & valid
 
 
-class MaskPredictGenerator:
+class MaskPredictGenerator(NATGeneratorBase):
     def __init__(self, models, tgt_dict, max_iter=10, length_beam=1, adaptive=True,
                  retain_history=False, bucket_ratio=1.5):
-        self.models = models
-        self.tgt_dict = tgt_dict
+        super().__init__(models, tgt_dict, retain_history)
         self.max_iter = max(1, int(max_iter))
         self.length_beam = max(1, int(length_beam))
         self.adaptive = adaptive
-        self.retain_history = retain_history
         self.bucket_ratio = bucket_ratio
-        self.pad, self.eos, self.bos, self.unk = (
-            tgt_dict.pad(), tgt_dict.eos(), tgt_dict.bos(), tgt_dict.unk()
-        )
-        self.mask = models[0].mask_idx
-        self.forbidden = [self.pad, self.bos, self.eos, self.mask]
-        # fairseq-generate strips these from printed hypotheses
-        self.symbols_to_strip_from_output = {self.eos, self.bos}
-        self.max_len = min(m.decoder.max_positions() for m in models) - 2
 
     @classmethod
     def from_generation_args(cls, models, tgt_dict, args):

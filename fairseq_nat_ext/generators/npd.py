@@ -32,6 +32,7 @@ import torch
 
 from ..compat import InputError
 from ..models.nat.nat_fertility import source_fertility_mask
+from .base import NATGeneratorBase
 from .projection import best_tokens, target_log_probs
 
 _TEACHERS = {}  # (checkpoint, data dir) -> teacher model, loaded once per process
@@ -110,24 +111,17 @@ def teacher_scores(teacher, src_tokens, src_lengths, order, tokens, lengths, pad
     return torch.where(keep, lp, torch.zeros_like(lp)).sum(1) / keep.sum(1)
 
 
-class NPDGenerator:
+class NPDGenerator(NATGeneratorBase):
     #: the benchmark's decoding keys this generator reads (fairseq_nat_ext.benchmark.decoding)
     decoding_keys = ("npd", "fertility")
 
     def __init__(self, models, tgt_dict, npd_samples=None, teacher=None, teacher_path=None,
                  retain_history=False, fertility_label=None):
-        self.models = models
-        self.tgt_dict = tgt_dict
+        super().__init__(models, tgt_dict, retain_history)
         self.npd_samples = npd_samples  # None: from the task config (configure), else 1
         self.teacher = teacher
         self.teacher_path = teacher_path
-        self.retain_history = retain_history
         self.fertility_label = fertility_label
-        self.pad, self.eos, self.bos, self.unk = tgt_dict.pad(), tgt_dict.eos(), tgt_dict.bos(), tgt_dict.unk()
-        self.mask = models[0].mask_idx
-        self.forbidden = [self.pad, self.bos, self.eos, self.mask]
-        self.symbols_to_strip_from_output = {self.eos, self.bos}
-        self.max_len = min(m.decoder.max_positions() for m in models) - 2
 
     @classmethod
     def from_generation_args(cls, models, tgt_dict, args):

@@ -18,25 +18,19 @@ import math
 
 import torch
 
+from .base import NATGeneratorBase
 from .projection import best_tokens
 
 
-class RefinementGenerator:
+class RefinementGenerator(NATGeneratorBase):
     #: the benchmark's decoding keys this generator reads (fairseq_nat_ext.benchmark.decoding)
     decoding_keys = ("iter", "len_beam", "force_iter")
 
     def __init__(self, models, tgt_dict, max_iter=10, length_beam=1, adaptive=True, retain_history=False):
-        self.models = models
-        self.tgt_dict = tgt_dict
+        super().__init__(models, tgt_dict, retain_history)
         self.max_iter = max(1, int(max_iter))
         self.length_beam = max(1, int(length_beam))
         self.adaptive = adaptive
-        self.retain_history = retain_history
-        self.pad, self.eos, self.bos, self.unk = tgt_dict.pad(), tgt_dict.eos(), tgt_dict.bos(), tgt_dict.unk()
-        self.mask = models[0].mask_idx
-        self.forbidden = [self.pad, self.bos, self.eos, self.mask]
-        self.symbols_to_strip_from_output = {self.eos, self.bos}
-        self.max_len = min(m.decoder.max_positions() for m in models) - 2
 
     @classmethod
     def from_generation_args(cls, models, tgt_dict, args):
