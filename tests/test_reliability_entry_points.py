@@ -1,11 +1,13 @@
 """Every plugin translation arch (tests/reliability_utils.ARCHS) through fairseq's other entry points:
 fairseq-generate, fairseq-interactive reading stdin, the hub interface (from_pretrained, then
 translate / generate), and fairseq-hydra-train with the YAML config in examples/hydra/ (the plugin
-named by common.user_dir).  Each tool's own main() runs in this process for every arch (no interpreter
-start-up: ~10 s saved per run); the interactive and hydra commands also run for real once (stdin
-pipe, config discovery, working directory).  The generate command itself runs per arch in
-tests/test_e2e_mask_predict.py, test_levenshtein.py, test_insertion_transformer.py and
-test_efficient_encoder.py."""
+named by common.user_dir; another task is an override, e.g. task._name=kermit).  The decoding tools
+get each arch's task options (``task_args``).  Each tool's own main() runs in this process for every
+arch (no interpreter start-up: ~10 s saved per run); the interactive and hydra commands also run for
+real (stdin pipe; config discovery, working directory, and a task override for hydra).  The generate
+command itself runs per arch in tests/test_e2e_mask_predict.py, test_levenshtein.py,
+test_insertion_transformer.py, test_efficient_encoder.py, test_ctc_e2e.py, test_refinement_e2e.py,
+test_fertility_e2e.py and test_kermit.py."""
 import os
 import re
 import subprocess
@@ -14,7 +16,7 @@ import pytest
 import torch
 
 from conftest import PLUGIN_DIR, ROOT, VENV_BIN, cli_env
-from reliability_utils import ARCHS, SMALL_DIMS
+from reliability_utils import ARCHS, arch_flags, small_dims, task_args
 
 import fairseq_nat_ext  # noqa: F401
 
@@ -63,7 +65,7 @@ def test_fairseq_generate(arch, tiny_checkpoints, five_sentence_bin, tmp_path):
 
     parser = options.get_generation_parser()
     args = options.parse_args_and_arch(parser, [
-        five_sentence_bin, "--user-dir", PLUGIN_DIR, "--task", "nat_translation", "--path",
+        five_sentence_bin, "--user-dir", PLUGIN_DIR, *task_args(arch), "--path",
         str(tiny_checkpoints(arch)), "--gen-subset", "test", "--batch-size", "2", "--results-path", str(tmp_path),
         "--max-len-b", "12", *DECODE])
     generate.main(args)
@@ -77,7 +79,7 @@ def test_fairseq_generate(arch, tiny_checkpoints, five_sentence_bin, tmp_path):
 # ---- fairseq-interactive (stdin) and the hub interface ---------------------------------------------
 
 def _interactive_args(arch, tiny_checkpoints, data_bin):
-    return [data_bin, "--user-dir", PLUGIN_DIR, "--task", "nat_translation", "--path", str(tiny_checkpoints(arch)),
+    return [data_bin, "--user-dir", PLUGIN_DIR, *task_args(arch), "--path", str(tiny_checkpoints(arch)),
             "--buffer-size", "2", *DECODE]
 
 
@@ -157,13 +159,23 @@ def test_hub_interface_translates_like_interactive(arch, interactive_outputs, ti
 
 # ---- fairseq-hydra-train ---------------------------------------------------------------------------
 
+#: task options of ARCHS -> keys of the hydra config's `task` (the example YAML sets only _name and data)
+HYDRA_TASK_KEYS = {"--task": "task._name", "-s": "+task.source_lang", "-t": "+task.target_lang",
+                   "--fertility-path": "+task.fertility_path"}
+
+
 def _hydra_overrides(arch, data_bin, save):
-    flags = ARCHS[arch] + SMALL_DIMS
+    flags = arch_flags(arch, data_bin) + small_dims(arch)
     model = {"_name": flags[flags.index("--arch") + 1]}
     criterion = flags[flags.index("--criterion") + 1]
+    task = []
     i = 0
     while i < len(flags):  # the remaining "--key value" / "--switch" flags become model.key=value
-        if flags[i] in ("--task", "--arch", "--criterion"):
+        if flags[i] in HYDRA_TASK_KEYS:
+            task.append(f"{HYDRA_TASK_KEYS[flags[i]]}={flags[i + 1]}")
+            i += 2
+            continue
+        if flags[i] in ("--arch", "--criterion"):
             i += 2
             continue
         key = flags[i][2:].replace("-", "_")
@@ -176,7 +188,7 @@ def _hydra_overrides(arch, data_bin, save):
              "share_all_embeddings", "encoder_attention_type"}
     return ([f"task.data={data_bin}", f"checkpoint.save_dir={save}", f"criterion._name={criterion}",
              "optimization.max_update=2", "dataset.max_tokens=400", "dataset.disable_validation=true",
-             "checkpoint.no_epoch_checkpoints=true", "lr_scheduler.warmup_updates=1"]
+             "checkpoint.no_epoch_checkpoints=true", "lr_scheduler.warmup_updates=1"] + task
             + [f"{'' if k in known else '+'}model.{k}={v}" for k, v in model.items()])
 
 
@@ -186,10 +198,14 @@ def _check_hydra_checkpoint(arch, save, data_bin, tiny_checkpoints):
     ckpt = save / "checkpoint_last.pt"
     state = checkpoint_utils.load_checkpoint_to_cpu(str(ckpt))
     assert state["optimizer_history"][-1]["num_updates"] == 2
+    assert state["cfg"]["task"]["_name"] == ARCHS[arch][ARCHS[arch].index("--task") + 1], "the arch's own task"
     # a hydra checkpoint keeps its model config as a DictConfig: it must load like a CLI one, with the
     # arch's own sizes, and hold the same parameters (names and shapes) as fairseq-train's
     models, _ = checkpoint_utils.load_model_ensemble([str(ckpt)], arg_overrides={"data": data_bin})
-    cli = checkpoint_utils.load_checkpoint_to_cpu(str(tiny_checkpoints(arch)))["model"]
+    cli_state = checkpoint_utils.load_checkpoint_to_cpu(str(tiny_checkpoints(arch)))
+    for key in ("source_lang", "target_lang", "left_pad_source", "left_pad_target"):  # the task's own defaults
+        assert state["cfg"]["task"][key] == cli_state["cfg"]["task"][key], (arch, key)
+    cli = cli_state["model"]
     ours = models[0].state_dict()
     assert ours.keys() == cli.keys(), arch
     assert all(ours[k].shape == cli[k].shape for k in cli), f"{arch}: hydra built other sizes"
@@ -216,9 +232,10 @@ def test_fairseq_hydra_train_with_the_example_config(arch, tiny_checkpoints, toy
     _check_hydra_checkpoint(arch, tmp_path / arch, toy_databin[0], tiny_checkpoints)
 
 
-def test_fairseq_hydra_train_command(tiny_checkpoints, toy_databin, tmp_path):
-    """The real command (one arch; the others through the same main() above)."""
-    arch = "mask_predict"
+@pytest.mark.parametrize("arch", ["mask_predict", "kermit"])
+def test_fairseq_hydra_train_command(arch, tiny_checkpoints, toy_databin, tmp_path):
+    """The real command (the example config as it is, and with another task; the other archs through
+    the same main() above)."""
     proc = subprocess.run([os.path.join(VENV_BIN, "fairseq-hydra-train"), "--config-dir",
                            os.path.join(ROOT, "examples", "hydra"), "--config-name", "mask_predict",
                            *_hydra_overrides(arch, toy_databin[0], tmp_path / arch)],

@@ -13,6 +13,10 @@ Options (fairseq-generate's own):
   Every row of the batch moves one position per step (rows shorter than the longest keep their
   state).  Score: log P(y | x) summed over the alignments that the search kept, spread evenly over
   the output tokens and ``</s>`` in positional_scores; ``--nbest`` up to K hypotheses per sentence.
+* Length: an output holds at most ``--max-target-positions`` - 2 tokens before ``</s>`` (the longest
+  target the model trains on, as for Mask-Predict), whatever the alignment length (r x the source
+  length): greedy keeps the first ones (the scores of the cut tail go to ``</s>``), the beam search
+  grows no prefix beyond it.
 * ``--path a.pt:b.pt``: the models' per-position probabilities are averaged (log-mean-exp); they must
   share ``--upsample-ratio``.
 * ``--retain-iter-history``: one ``E-`` line with the greedy alignment (``<blank>`` included).
@@ -39,12 +43,13 @@ def ctc_greedy(lprobs, lengths, blank, pad):
     return tokens, out_lengths, alignment, best_lp.masked_fill(~inside, 0.0)
 
 
-def ctc_prefix_beam_search(lprobs, lengths, beam, blank, pad):
+def ctc_prefix_beam_search(lprobs, lengths, beam, blank, pad, max_len=None):
     """CTC prefix beam search (see the module doc), every row of the batch at once.
 
     lprobs (N, T, V) log-probs (symbols never to emit at -inf; ``blank`` must not be), lengths (N,),
-    beam K -> (prefixes (N, K, T) padded with ``pad``, prefix lengths (N, K), log-probs (N, K)),
-    best first.  Slots the search could not fill (fewer than K prefixes exist) have score -inf."""
+    beam K, ``max_len`` (no prefix grows beyond it; None: no limit) -> (prefixes (N, K, T) padded with
+    ``pad``, prefix lengths (N, K), log-probs (N, K)), best first.  Slots the search could not fill
+    (fewer than K prefixes exist) have score -inf."""
     N, T, V = lprobs.shape
     K, dev, dt = int(beam), lprobs.device, lprobs.dtype
     prefix = torch.full((N, K, T), pad, dtype=torch.long, device=dev)
@@ -72,6 +77,8 @@ def ctc_prefix_beam_search(lprobs, lengths, beam, blank, pad):
         same = vocab.view(1, 1, V) == last.unsqueeze(-1)  # (N, K, V)
         ext = torch.where(same, lpb.unsqueeze(-1), total.unsqueeze(-1)) + lt.unsqueeze(1)
         ext[..., blank] = NEG_INF
+        if max_len is not None:
+            ext = ext.masked_fill((plen >= max_len).unsqueeze(-1), NEG_INF)
         # merge: prefix i grown by last_j equals prefix j (both live beams, distinct prefixes)
         shorter = pos.view(1, 1, 1, T) >= plen.view(N, K, 1, 1)  # positions beyond prefix i
         agree = (prefix.unsqueeze(2) == prefix.unsqueeze(1)) | shorter  # (N, Ki, Kj, T)
@@ -126,6 +133,7 @@ class CTCGenerator:
         self.mask = models[0].mask_idx
         self.forbidden = [self.pad, self.bos, self.eos, self.mask]
         self.symbols_to_strip_from_output = {self.eos, self.bos}
+        self.max_len = min(m.decoder.max_positions() for m in models) - 2
 
     @classmethod
     def from_generation_args(cls, models, tgt_dict, args):
@@ -151,6 +159,12 @@ class CTCGenerator:
     def _with_eos(self, toks):
         return torch.cat([toks, toks.new_full((1,), self.eos)])
 
+    def _cut(self, tokens, scores):
+        """A collapsed output (n,) and its scores (n + 1,) (the last for ``</s>``) cut to ``max_len``
+        tokens; the scores of the cut tokens go to ``</s>``."""
+        n = min(tokens.numel(), self.max_len)
+        return self._with_eos(tokens[:n]), torch.cat([scores[:n], scores[n:].sum(0, keepdim=True)])
+
     @torch.no_grad()
     def generate(self, models, sample, prefix_tokens=None, constraints=None, **unused):
         if constraints is not None or prefix_tokens is not None:
@@ -170,16 +184,17 @@ class CTCGenerator:
         finalized = []
         for b in range(lp.size(0)):
             n = int(out_lengths[b])
-            ps = per_token[b, : n + 1]
-            hyp = {"tokens": self._with_eos(tokens[b, :n]), "score": ps.sum() / (n + 1),
-                   "positional_scores": ps, "alignment": None, "steps": 1}
+            toks, ps = self._cut(tokens[b, :n], per_token[b, : n + 1])
+            hyp = {"tokens": toks, "score": ps.sum() / ps.numel(), "positional_scores": ps, "alignment": None,
+                   "steps": 1}
             if self.retain_history:
                 hyp["history"] = [{"tokens": alignment[b, : int(lengths[b])].clone()}]
             finalized.append([hyp])
         return finalized
 
     def _beam(self, lp, lengths):
-        prefixes, plens, scores = ctc_prefix_beam_search(lp, lengths, self.beam, self.blank, self.pad)
+        prefixes, plens, scores = ctc_prefix_beam_search(lp, lengths, self.beam, self.blank, self.pad,
+                                                         max_len=self.max_len)
         history = None
         if self.retain_history:
             _, _, alignment, _ = ctc_greedy(lp, lengths, self.blank, self.pad)

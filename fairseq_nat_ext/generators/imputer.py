@@ -7,7 +7,7 @@ the masked position whose best symbol (token or ``<blank>``) is the most probabl
 symbol (ties: the leftmost).  A block of B positions is complete after B steps, so decoding takes
 exactly B decoder passes (fewer only when the whole alignment is shorter than B); B = 1 fills
 everything at once (CTC greedy from an all-``<mask>`` input).  The alignment is then collapsed as in
-CTC (merge repeats, drop blanks).
+CTC (merge repeats, drop blanks) and cut, as CTC's, at ``--max-target-positions`` - 2 tokens.
 
 Hypotheses: tokens (ending in ``</s>``), score (per output token, ``</s>`` included) and
 positional_scores from the log-probabilities the filled symbols had when they were filled (split
@@ -98,10 +98,9 @@ class ImputerGenerator(CTCGenerator):
         finalized = []
         for b in range(N):
             n = int(out_lengths[b])
-            ps = per_token[b, : n + 1]
-            hyp = {"tokens": self._with_eos(tokens[b, :n]), "score": ps.sum() / (n + 1),
-                   "positional_scores": ps, "alignment": None, "steps": int(steps[b]),
-                   "final_alignment": alignment[b, : int(lengths[b])].clone()}
+            toks, ps = self._cut(tokens[b, :n], per_token[b, : n + 1])
+            hyp = {"tokens": toks, "score": ps.sum() / ps.numel(), "positional_scores": ps, "alignment": None,
+                   "steps": int(steps[b]), "final_alignment": alignment[b, : int(lengths[b])].clone()}
             if history is not None:
                 hyp["history"] = history[b]
             finalized.append([hyp])

@@ -14,8 +14,10 @@ side that is printed:
 
 Every round, each open slot takes its argmax token unless that is ``</s>`` (end of slot;
 ``--iter-decode-eos-penalty`` is subtracted from its log-probability), all slots at once; a row
-stops when no slot inserts or after ``--iter-decode-max-iter`` rounds, and never grows beyond the
-model's ``--max-source-positions``.  ``steps`` counts the decoder passes of each row.
+stops when no slot inserts or after ``--iter-decode-max-iter`` rounds.  Neither side grows beyond the
+model's ``max_positions()`` (half of the ``--max-source-positions`` canvas, its ``</s>`` included: the
+longest side the model was trained on), so neither does the canvas; the insertions that would pass it
+are dropped from the right.  ``steps`` counts the decoder passes of each row.
 """
 
 import torch
@@ -58,6 +60,7 @@ class KermitGenerator:
         self.gap = tgt_dict.index(GAP_SYMBOL)
         self.symbols_to_strip_from_output = {self.bos, self.eos}
         self.max_len = model.max_canvas()
+        self.side_max = model.max_positions()  # (x, y), </s> included
         self.banned = sorted({self.pad, self.bos, self.mask, self.unk, self.gap})
 
     @classmethod
@@ -161,7 +164,7 @@ class KermitGenerator:
         lp[..., self.banned] = float("-inf")
         lp[..., self.eos] -= self.penalty
         best_lp, best = lp.max(-1)
-        ins = (best != self.eos) & open_[:, :-1]
+        ins = self._within_sides(tokens, (best != self.eos) & open_[:, :-1])
         if not ins.any():
             return tokens, open_, scores
         grown = insert_placeholders(tokens, ins.long(), self.pad, self.mask, max_len=self.max_len)
@@ -173,6 +176,19 @@ class KermitGenerator:
         grown = fill_placeholders(grown, best[take], self.mask)
         new_scores[placed] = best_lp[take].to(scores.dtype)
         return grown, new_open, new_scores
+
+    def _within_sides(self, tokens, ins):
+        """ins bool (N, T-1): the slots that insert -> only those (left to right) that keep each side
+        within ``side_max``.  The x side (``x </s>``) holds ``sep`` tokens, the y side the rest but
+        ``<s>``; slot k inserts into x when k < sep."""
+        n = tokens.ne(self.pad).sum(1, keepdim=True)
+        sep = first_eos(tokens, self.eos).unsqueeze(1)
+        in_y = torch.arange(ins.size(1), device=ins.device).unsqueeze(0) >= sep
+        keep = torch.zeros_like(ins)
+        for side, room in ((~in_y, self.side_max[0] - sep), (in_y, self.side_max[1] - (n - 1 - sep))):
+            side_ins = ins & side
+            keep |= side_ins & (side_ins.long().cumsum(1) <= room)
+        return keep
 
     def _target_side(self, row, scores=None, other=False):
         """Tokens (+ ``</s>``) of the printed side of one canvas row (and their scores)."""
