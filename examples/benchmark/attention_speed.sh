@@ -7,6 +7,7 @@
 # Settings (environment): DEVICE=cpu THREADS=2 NS="512 1024 2048 4096 8192 16384"
 #   PEERS_DIR=runs/attention_peers (peer packages are pip-installed there, never into .venv)
 #   OUT=benchmarks/results/attention_speed.json  TIMEOUT=900 (s per run)  MEM_LIMIT_GB=20
+# Then draws ${OUT%.json}.png (time and memory against N) and regenerates the README's results tables.
 # Run it on an otherwise idle machine: the rows are timings.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -24,3 +25,6 @@ fi
 ATTENTION_PEERS_PATH="$PEERS_DIR" OMP_NUM_THREADS="$THREADS" "$PYTHON" -m fairseq_nat_ext.benchmark.attention_speed \
   --out "$OUT" --n $NS --device "$DEVICE" --threads "$THREADS" --timeout "$TIMEOUT" \
   --mem-limit-gb "$MEM_LIMIT_GB" --peers
+"$PYTHON" -m fairseq_nat_ext.benchmark.attention_plots curves "$OUT" "${OUT%.json}.png"
+"$PYTHON" -m fairseq_nat_ext.benchmark.tables "$(dirname "$OUT")"/*.json --update-readme README.md \
+  || echo "[attention_speed.sh] README not updated (see the error above)" >&2

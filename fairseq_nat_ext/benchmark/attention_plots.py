@@ -1,6 +1,7 @@
 """Pictures for the attention study.
 
     python -m fairseq_nat_ext.benchmark.attention_plots patterns OUT.png [--n 64]
+    python -m fairseq_nat_ext.benchmark.attention_plots curves SPEED.json OUT.png
     python -m fairseq_nat_ext.benchmark.attention_plots bubble SPEED.json LISTOPS.json OUT.png [--n 4096]
 
 ``patterns``: for every variant, which query (row) sees which key (column) on one random sequence of n
@@ -8,6 +9,7 @@ tokens with small settings (window 4, stride 8, 4 global tokens, blocks of 8, ..
 the sets come from the variant's own hashing / clustering of random queries (all rounds); for
 sinkhorn the blocks with a sorted-block weight > 0.05; linformer, compressed, linear and the
 synthesizers mix every key (drawn full).
+``curves``: time and peak memory against N (log-log) for every variant and peer package.
 ``bubble``: the LRA-style chart, x = speed relative to ``full`` at length n, y = ListOps accuracy,
 bubble area = peak memory at length n.
 """
@@ -108,6 +110,41 @@ def draw_bubble(speed_json, listops_json, out, n=4096):
     fig.savefig(out, dpi=110)
 
 
+def draw_curves(speed_json, out):
+    """Time and peak memory against N (log-log), one line per (impl, variant); OOM / timeout points
+    are left out (the table lists them)."""
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = json.load(open(speed_json))["rows"]
+    lines = {}
+    for r in rows:
+        if not r["oom"] and r["fwd_bwd_ms"] is not None:
+            lines.setdefault((r["impl"], r["variant"]), []).append((r["n"], r["fwd_bwd_ms"], r["peak_mem_mb"]))
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(13, 5.5))
+    for (impl, variant), pts in lines.items():
+        pts.sort()
+        label = variant if impl == "ours" else f"{impl[5:]} ({variant})"
+        style = "-" if impl == "ours" else ":"
+        width = 2.5 if variant in ("full", "full_explicit") else 1.2
+        ns = [p[0] for p in pts]
+        ax_t.plot(ns, [p[1] / 1000 for p in pts], style, marker="o", ms=3, lw=width, label=label)
+        ax_m.plot(ns, [max(p[2], 1.0) for p in pts], style, marker="o", ms=3, lw=width, label=label)
+    for ax, what in ((ax_t, "forward + backward (s)"), (ax_m, "peak memory above baseline (MB)")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("sequence length N")
+        ax.set_ylabel(what)
+        ax.grid(True, which="both", alpha=0.3)
+    ax_m.legend(fontsize=7, ncol=2, loc="upper left")
+    fig.suptitle("one attention layer, 8 heads x 64, batch 1, fp32 (dotted: peer packages)")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -119,9 +156,14 @@ def main(argv=None):
     b.add_argument("listops")
     b.add_argument("out")
     b.add_argument("--n", type=int, default=4096)
+    c = sub.add_parser("curves")
+    c.add_argument("speed")
+    c.add_argument("out")
     args = p.parse_args(argv)
     if args.cmd == "patterns":
         draw_patterns(args.out, args.n)
+    elif args.cmd == "curves":
+        draw_curves(args.speed, args.out)
     else:
         draw_bubble(args.speed, args.listops, args.out, args.n)
     return 0

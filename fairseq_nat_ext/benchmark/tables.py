@@ -14,7 +14,7 @@ import json
 import os
 import sys
 
-from . import pointer_results
+from . import attention_results, pointer_results
 from .results import REFERENCE_SYSTEM, load_results
 
 BEGIN_MARKER = "<!-- results:begin -->"
@@ -95,11 +95,14 @@ def oracle_table(results):
 
 
 def _load_any(path):
-    """(results, table function): the BLEU schema, or the pointer / oracle benchmarks' own schemas."""
+    """(results, table function): the BLEU schema, or the pointer / oracle / attention speed benchmarks'
+    own schemas."""
     with open(path, encoding="utf-8") as f:
         obj = json.load(f)
     if obj.get("benchmark") == "oracle":
         return check_oracle_results(obj, str(path)), oracle_table
+    if attention_results.is_attention_speed(obj):
+        return attention_results.check_results(obj, str(path)), attention_results.markdown_table
     if pointer_results.is_pointer_results(obj):
         return pointer_results.check_results(obj, str(path)), pointer_results.markdown_table
     return load_results(path), markdown_table

@@ -1,0 +1,99 @@
+"""The attention speed/memory study's results file (``benchmark/attention_speed.py``): validation and
+the README tables (times and peak memory per variant and length, then each variant against the
+issue's bars: speed-up over ``full``, memory against ``full_explicit`` and ``full``, growth from
+8192 to 16384, and speed against the peer package at 4096)."""
+
+SPEED_KEYS = ("variant", "impl", "n", "device", "fwd_bwd_ms", "peak_mem_mb", "oom")
+PEER_OF = {  # our variant -> the peer package that implements the same idea
+    "local": "local-attention", "linformer": "linformer", "linear_performer": "performer-pytorch",
+    "lsh": "reformer-pytorch", "sinkhorn": "sinkhorn-transformer", "routing": "routing-transformer",
+}
+DASH = "–"
+
+
+def is_attention_speed(obj):
+    return obj.get("benchmark") == "attention_speed"
+
+
+def check_results(obj, path):
+    for key in ("benchmark", "hardware", "threads", "command", "rows"):
+        if key not in obj:
+            raise ValueError(f"{path}: missing key '{key}'")
+    for i, row in enumerate(obj["rows"]):
+        missing = [k for k in SPEED_KEYS if k not in row]
+        if missing:
+            raise ValueError(f"{path}: rows[{i}]: missing {', '.join(missing)}")
+    return obj
+
+
+def _index(rows):
+    """{(impl, variant): {n: row}} in first-seen order."""
+    out = {}
+    for r in rows:
+        out.setdefault((r["impl"], r["variant"]), {})[r["n"]] = r
+    return out
+
+
+def _cell(row):
+    if row is None:
+        return DASH
+    if row["oom"]:
+        return "OOM"
+    if row["fwd_bwd_ms"] is None:
+        return f"timeout ({row.get('timeout_s', '?')} s)"
+    return f"{row['fwd_bwd_ms']:.0f} ({row['peak_mem_mb']:.0f})"
+
+
+def _ms(table, key, n):
+    row = table.get(key, {}).get(n)
+    return None if row is None or row["oom"] or row["fwd_bwd_ms"] is None else row["fwd_bwd_ms"]
+
+
+def _mb(table, key, n):
+    row = table.get(key, {}).get(n)
+    return None if row is None or row["oom"] or row["peak_mem_mb"] is None else max(row["peak_mem_mb"], 0.1)
+
+
+def _ratio(a, b, fmt="{:.1f}x"):
+    return DASH if a is None or b is None else fmt.format(a / b)
+
+
+def bar_rows(table):
+    """One line per variant of ours: speed-up over full at 8192 and 16384, memory ratios at 8192,
+    time growth 16384 / 8192, and the peer's time / ours at 4096."""
+    full, explicit = ("ours", "full"), ("ours", "full_explicit")
+    lines = []
+    for impl, variant in table:
+        if impl != "ours" or variant in ("full", "full_explicit"):
+            continue
+        key = (impl, variant)
+        peer = PEER_OF.get(variant)
+        lines.append([
+            f"`{variant}`",
+            _ratio(_ms(table, full, 8192), _ms(table, key, 8192)),
+            _ratio(_ms(table, full, 16384), _ms(table, key, 16384)),
+            _ratio(_mb(table, explicit, 8192), _mb(table, key, 8192)),
+            _ratio(_mb(table, key, 8192), _mb(table, full, 8192), "{:.2f}"),
+            _ratio(_ms(table, key, 16384), _ms(table, key, 8192), "{:.2f}"),
+            _ratio(_ms(table, (f"peer:{peer}", variant), 4096), _ms(table, key, 4096), "{:.2f}") if peer else DASH,
+        ])
+    return lines
+
+
+def markdown_table(results):
+    table = _index(results["rows"])
+    ns = sorted({r["n"] for r in results["rows"]})
+    lines = [f"### {results['benchmark']}", "",
+             f"- hardware: {results['hardware']}, {results['threads']} torch thread(s)",
+             f"- command: `{results['command']}`",
+             "- one attention layer (8 heads x 64, batch 1, fp32), forward + backward: ms (peak MB above the "
+             "process before the call); each cell a fresh process", "",
+             "| impl | variant | " + " | ".join(f"N={n}" for n in ns) + " |",
+             "| --- | --- | " + " | ".join("---:" for _ in ns) + " |"]
+    for (impl, variant), by_n in table.items():
+        lines.append(f"| {impl} | `{variant}` | " + " | ".join(_cell(by_n.get(n)) for n in ns) + " |")
+    lines += ["", "| variant | faster than full @8192 | @16384 | less memory than full_explicit @8192 | "
+                  "memory / full @8192 | time 16384 / 8192 | peer time / ours @4096 |",
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines += ["| " + " | ".join(cells) + " |" for cells in bar_rows(table)]
+    return "\n".join(lines) + "\n"
