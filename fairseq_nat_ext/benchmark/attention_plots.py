@@ -125,14 +125,18 @@ def draw_curves(speed_json, out):
         if not r["oom"] and r["fwd_bwd_ms"] is not None:
             lines.setdefault((r["impl"], r["variant"]), []).append((r["n"], r["fwd_bwd_ms"], r["peak_mem_mb"]))
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(13, 5.5))
+    variants = list(dict.fromkeys(v for _, v in lines))
+    palette = plt.get_cmap("tab20")
+    color = {v: palette(i % 20) for i, v in enumerate(variants)}  # a peer shares its variant's colour
     for (impl, variant), pts in lines.items():
         pts.sort()
         label = variant if impl == "ours" else f"{impl[5:]} ({variant})"
         style = "-" if impl == "ours" else ":"
         width = 2.5 if variant in ("full", "full_explicit") else 1.2
         ns = [p[0] for p in pts]
-        ax_t.plot(ns, [p[1] / 1000 for p in pts], style, marker="o", ms=3, lw=width, label=label)
-        ax_m.plot(ns, [max(p[2], 1.0) for p in pts], style, marker="o", ms=3, lw=width, label=label)
+        ax_t.plot(ns, [p[1] / 1000 for p in pts], style, marker="o", ms=3, lw=width, label=label, color=color[variant])
+        ax_m.plot(ns, [max(p[2], 1.0) for p in pts], style, marker="o", ms=3, lw=width, label=label,
+                  color=color[variant])
     for ax, what in ((ax_t, "forward + backward (s)"), (ax_m, "peak memory above baseline (MB)")):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
