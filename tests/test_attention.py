@@ -450,3 +450,14 @@ def test_cuda_matches_cpu(name, dtype):
     out, _ = gpu(x.to("cuda", dtype), None, None, key_padding_mask=pad.cuda())
     tol = 1e-4 if dtype == torch.float32 else 0.1
     torch.testing.assert_close(out.float().cpu(), ref, atol=tol, rtol=tol)
+
+
+def test_compressed_keeps_no_score_matrix():
+    """Compressed attention at kernel 4 scores N x N/4 pairs: through the fused kernel no tensor of
+    that size exists (a non-contiguous key once sent torch to its math path, which builds it)."""
+    N = 1024
+    mod = build_attention("compressed", 1, 8, AttentionOptions(compress_kernel=4, max_positions=N))
+    q, k, v = [torch.randn(1, 1, N, 8, requires_grad=True) for _ in range(3)]
+    with _LargestTensor() as rec:
+        mod(q, k, v, torch.tensor([N - 5])).sum().backward()
+    assert rec.largest < N * N / 8, f"compressed built a tensor of {rec.largest} elements (scores: {N * N // 4})"

@@ -25,7 +25,9 @@ class CompressedAttention(AttentionVariant):
         L = -(-N // c) * c
         t = F.pad(t * real, (0, 0, 0, L - N))  # padding zeroed, length a multiple of c
         out = conv(t.reshape(B * H, L, d).transpose(1, 2))  # (B*H, d, L/c)
-        return out.transpose(1, 2).reshape(B, H, L // c, d)
+        # contiguous: the fused kernel needs unit stride on the last dim (else torch falls back to the
+        # N x N/c math path)
+        return out.transpose(1, 2).reshape(B, H, L // c, d).contiguous()
 
     def forward(self, q, k, v, lengths):
         N = k.size(2)

@@ -92,6 +92,9 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, dropout: f
     kept: memory O(queries * d) on CPU and CUDA).  q (X, Y, Nq, d), k/v (X, Y, M, d), ``allowed``
     bool broadcasting to (X, Y, Nq, M), or None for all keys.  Every query row must allow at least
     one key (a fully masked row is NaN in the fused kernels)."""
+    # the fused kernels need unit stride on the last dim; otherwise torch silently takes its math path,
+    # which builds the whole score matrix
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout if training else 0.0)
 
 
