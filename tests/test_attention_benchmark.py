@@ -16,6 +16,12 @@ def test_speed_harness_writes_rows_with_the_issue_schema(tmp_path):
         assert row["impl"] == "ours" and row["n"] == 300 and row["oom"] is False
         assert row["fwd_bwd_ms"] > 0 and row["peak_mem_mb"] >= 0
     assert res["rows"][0]["options"] == {"attention_window": 256}
+    # --update replaces only what it measures and keeps the rest, with both commands
+    attention_speed.main(["--out", str(out), "--n", "300", "--variants", "routing", "--threads", "1", "--update"])
+    again = json.loads(out.read_text())
+    assert [r["variant"] for r in again["rows"]] == ["local", "full_explicit", "routing"]
+    assert again["rows"][:2] == [res["rows"][0], res["rows"][2]]
+    assert again["command"].startswith(res["command"] + "; then ") and again["command"].endswith("--update")
 
 
 def test_tiny_memory_limit_is_reported_as_oom(tmp_path):

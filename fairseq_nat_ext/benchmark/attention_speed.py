@@ -2,7 +2,7 @@
 
     python -m fairseq_nat_ext.benchmark.attention_speed --out benchmarks/results/attention_speed.json \\
         [--n 512 1024 2048 4096 8192 16384] [--variants full full_explicit local ...] [--peers] \\
-        [--threads 2] [--device cpu|cuda] [--timeout 900] [--mem-limit-gb 20]
+        [--threads 2] [--device cpu|cuda] [--timeout 900] [--mem-limit-gb 20] [--update]
 
 Shapes (issue defaults): batch 1, 8 heads of dimension 64 (model dim 512), fp32.  Each (variant, N)
 runs in a FRESH subprocess: it warms up at N=256, records its RSS, runs one timed forward+backward at
@@ -161,6 +161,9 @@ def main(argv=None):
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--timeout", type=int, default=900, help="seconds per (variant, N) subprocess")
     p.add_argument("--mem-limit-gb", type=float, default=20.0)
+    p.add_argument("--update", action="store_true",
+                   help="keep the other rows of --out and replace only the (impl, variant, n) measured now; "
+                        "the file's command then lists every run")
     p.add_argument("--child", nargs=2, metavar=("VARIANT", "N"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
@@ -187,6 +190,14 @@ def main(argv=None):
                   f"{row['fwd_bwd_ms']} ms  {row['peak_mem_mb']} MB  oom={row['oom']}", file=sys.stderr, flush=True)
     command = "python -m fairseq_nat_ext.benchmark.attention_speed " + " ".join(
         a for a in (argv if argv is not None else sys.argv[1:]))
+    if args.update and os.path.exists(args.out):
+        with open(args.out) as f:
+            old = json.load(f)
+        if old.get("threads") != args.threads or old.get("hardware") != hardware_description(args.device):
+            p.error(f"--update: {args.out} was measured with other hardware/threads; measure it all again")
+        new_keys = {(r["impl"], r["variant"], r["n"]) for r in rows}
+        rows = [r for r in old["rows"] if (r["impl"], r["variant"], r["n"]) not in new_keys] + rows
+        command = old["command"] + "; then " + command
     out = {"benchmark": "attention_speed", "hardware": hardware_description(args.device),
            "threads": args.threads, "command": command, "rows": rows}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
