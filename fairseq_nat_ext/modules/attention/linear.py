@@ -47,19 +47,25 @@ class LinearAttention(AttentionVariant):
         return orthogonal_gaussian(self.opts.performer_features, self.head_dim, gen)
 
     def phi(self, x, is_query, real=None):
-        """Feature map; ``real`` (B, 1, N, 1) marks real keys (for the performer stabiliser)."""
+        """Feature map; ``real`` (B, 1, N, 1) marks real keys (for the performer stabiliser).
+
+        Performer: exp(w . x / d^(1/4) - |x|^2 / (2 sqrt(d)) - c) / sqrt(m) with one (N, m) product
+        and one (N, m) result: the scale is folded into the features, the stabiliser c (per query row;
+        per (batch, head) over REAL keys) and the 1 / sqrt(m) into one subtraction, exp in place."""
         if self.feature_map == "elu":
             return F.elu(x) + 1
         if self.feature_map == "relu":
             return F.relu(x)
-        x = x / self.head_dim ** 0.25
-        proj = torch.matmul(x, self.features.to(x.dtype).t())  # (B, H, N, m)
-        logits = proj - 0.5 * (x * x).sum(-1, keepdim=True)
+        d = self.head_dim
+        m = self.features.size(0)
+        logits = torch.matmul(x, (self.features.to(x.dtype) / d ** 0.25).t())  # (B, H, N, m)
+        half_norm = (x * x).sum(-1, keepdim=True) / (2 * d ** 0.5)  # (B, H, N, 1)
         if is_query:  # any per-row constant cancels between numerator and denominator
-            stab = logits.amax(dim=-1, keepdim=True)
+            stab = logits.amax(dim=-1, keepdim=True) - half_norm
         else:  # one constant per (batch, head), taken over REAL keys only
-            stab = logits.masked_fill(real == 0, float("-inf")).amax(dim=(-1, -2), keepdim=True)
-        return torch.exp(logits - stab.detach()) / math.sqrt(self.features.size(0))
+            row_max = (logits.amax(dim=-1, keepdim=True) - half_norm).masked_fill(real == 0, float("-inf"))
+            stab = row_max.amax(dim=-2, keepdim=True)
+        return (logits - (half_norm + stab.detach() + 0.5 * math.log(m))).exp_()
 
     def forward(self, q, k, v, lengths):
         if self.feature_map == "performer" and self.training:
@@ -69,7 +75,8 @@ class LinearAttention(AttentionVariant):
                 self.features.copy_(self._draw())
         real = valid_keys(lengths, k.size(2))[:, None, :, None].to(q.dtype)  # (B, 1, N, 1)
         qf = self.phi(q, True)
-        kf = self.phi(k, False, real) * real
-        kv = torch.matmul(kf.transpose(-1, -2), v)  # (B, H, m, d)
-        denom = torch.matmul(qf, kf.sum(2).unsqueeze(-1)).clamp_min(1e-6)  # (B, H, N, 1)
+        kf = self.phi(k * real, False, real)  # padding keys: zero input (finite features), left out below
+        kv = torch.matmul(kf.transpose(-1, -2), v * real)  # (B, H, m, d)
+        k_sum = torch.matmul(real.transpose(-1, -2), kf)  # (B, H, 1, m): sum over real keys
+        denom = torch.matmul(qf, k_sum.transpose(-1, -2)).clamp_min(1e-6)  # (B, H, N, 1)
         return torch.matmul(qf, kv) / denom
