@@ -3,6 +3,8 @@ the README tables (times and peak memory per variant and length, then each varia
 issue's bars: speed-up over ``full``, memory against ``full_explicit`` and ``full``, growth from
 8192 to 16384, and speed against the peer package at 4096)."""
 
+from .results import check_timing_results
+
 SPEED_KEYS = ("variant", "impl", "n", "device", "fwd_bwd_ms", "peak_mem_mb", "oom")
 PEER_OF = {  # our variant -> the peer package that implements the same idea
     "local": "local-attention", "linformer": "linformer", "linear_performer": "performer-pytorch",
@@ -16,14 +18,7 @@ def is_attention_speed(obj):
 
 
 def check_results(obj, path):
-    for key in ("benchmark", "hardware", "threads", "command", "rows"):
-        if key not in obj:
-            raise ValueError(f"{path}: missing key '{key}'")
-    for i, row in enumerate(obj["rows"]):
-        missing = [k for k in SPEED_KEYS if k not in row]
-        if missing:
-            raise ValueError(f"{path}: rows[{i}]: missing {', '.join(missing)}")
-    return obj
+    return check_timing_results(obj, path, SPEED_KEYS)
 
 
 def _index(rows):

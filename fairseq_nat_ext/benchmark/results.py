@@ -96,6 +96,19 @@ def _check_fields(obj, fields, where):
     return errors
 
 
+def check_timing_results(obj, path, row_keys):
+    """A timing benchmark's own file (no BLEU schema: oracle, attention speed): its top-level keys and
+    ``row_keys`` in every row; ValueError naming the file and what is wrong."""
+    for key in ("benchmark", "hardware", "threads", "command", "rows"):
+        if key not in obj:
+            raise ValueError(f"{path}: missing key '{key}'")
+    for i, row in enumerate(obj["rows"]):
+        missing = [k for k in row_keys if k not in row]
+        if missing:
+            raise ValueError(f"{path}: rows[{i}]: missing {', '.join(missing)}")
+    return obj
+
+
 def row_key(row):
     return (row["system"], row["decoding"], bool(row["distilled"]))
 

@@ -15,7 +15,7 @@ import os
 import sys
 
 from . import attention_results, pointer_results
-from .results import REFERENCE_SYSTEM, load_results
+from .results import REFERENCE_SYSTEM, check_timing_results, load_results
 
 BEGIN_MARKER = "<!-- results:begin -->"
 END_MARKER = "<!-- results:end -->"
@@ -70,16 +70,8 @@ ORACLE_KEYS = ("impl", "batch", "device", "ms_per_batch", "same_edit_count")
 
 
 def check_oracle_results(obj, path):
-    """The oracle benchmark's file (``benchmark/oracle_speed.py``): its own rows; ValueError naming
-    the file and what is wrong."""
-    for key in ("benchmark", "hardware", "threads", "command", "rows"):
-        if key not in obj:
-            raise ValueError(f"{path}: missing key '{key}'")
-    for i, row in enumerate(obj["rows"]):
-        missing = [k for k in ORACLE_KEYS if k not in row]
-        if missing:
-            raise ValueError(f"{path}: rows[{i}]: missing {', '.join(missing)}")
-    return obj
+    """The oracle benchmark's file (``benchmark/oracle_speed.py``)."""
+    return check_timing_results(obj, path, ORACLE_KEYS)
 
 
 def oracle_table(results):
