@@ -29,6 +29,7 @@ import torch
 
 from ..compat import InputError
 from ..oracles.ctc_alignment import alignment_token_scores, ctc_collapse
+from .base import NATGeneratorBase
 
 NEG_INF = float("-inf")
 
@@ -113,27 +114,20 @@ def ctc_prefix_beam_search(lprobs, lengths, beam, blank, pad, max_len=None):
     return prefix, plen.gather(1, order), score
 
 
-class CTCGenerator:
+class CTCGenerator(NATGeneratorBase):
     #: the benchmark's decoding keys this generator reads (fairseq_nat_ext.benchmark.decoding)
     decoding_keys = ("beam",)
 
     def __init__(self, models, tgt_dict, beam=1, nbest=1, retain_history=False):
-        self.models = models
-        self.tgt_dict = tgt_dict
         if int(beam) < 1:
             raise InputError(f"ctc decoding: --beam must be >= 1, got {beam}")
-        self.beam = int(beam)
-        self.nbest = max(1, min(int(nbest), self.beam))
-        self.retain_history = retain_history
         ratios = {m.upsample_ratio for m in models}
         if len(ratios) > 1:
             raise InputError(f"ctc decoding: ensembled models differ in --upsample-ratio ({sorted(ratios)})")
-        self.pad, self.eos, self.bos = tgt_dict.pad(), tgt_dict.eos(), tgt_dict.bos()
+        super().__init__(models, tgt_dict, retain_history)
+        self.beam = int(beam)
+        self.nbest = max(1, min(int(nbest), self.beam))
         self.blank = models[0].blank_idx
-        self.mask = models[0].mask_idx
-        self.forbidden = [self.pad, self.bos, self.eos, self.mask]
-        self.symbols_to_strip_from_output = {self.eos, self.bos}
-        self.max_len = min(m.decoder.max_positions() for m in models) - 2
 
     @classmethod
     def from_generation_args(cls, models, tgt_dict, args):
