@@ -195,8 +195,9 @@ def main(argv=None):
             old = json.load(f)
         if old.get("threads") != args.threads or old.get("hardware") != hardware_description(args.device):
             p.error(f"--update: {args.out} was measured with other hardware/threads; measure it all again")
-        new_keys = {(r["impl"], r["variant"], r["n"]) for r in rows}
-        rows = [r for r in old["rows"] if (r["impl"], r["variant"], r["n"]) not in new_keys] + rows
+        new = {(r["impl"], r["variant"], r["n"]): r for r in rows}
+        kept = [new.pop((r["impl"], r["variant"], r["n"]), r) for r in old["rows"]]  # in place, old order
+        rows = kept + list(new.values())
         command = old["command"] + "; then " + command
     out = {"benchmark": "attention_speed", "hardware": hardware_description(args.device),
            "threads": args.threads, "command": command, "rows": rows}
