@@ -3,13 +3,11 @@ the README tables (times and peak memory per variant and length, then each varia
 issue's bars: speed-up over ``full``, memory against ``full_explicit`` and ``full``, growth from
 8192 to 16384, and speed against the peer package at 4096)."""
 
+from .attention_peers import PEERS
 from .results import check_timing_results
 
 SPEED_KEYS = ("variant", "impl", "n", "device", "fwd_bwd_ms", "peak_mem_mb", "oom")
-PEER_OF = {  # our variant -> the peer package that implements the same idea
-    "local": "local-attention", "linformer": "linformer", "linear_performer": "performer-pytorch",
-    "lsh": "reformer-pytorch", "sinkhorn": "sinkhorn-transformer", "routing": "routing-transformer",
-}
+PEER_OF = {variant: name for name, (_, variant) in PEERS.items()}  # our variant -> its peer package
 DASH = "–"
 
 

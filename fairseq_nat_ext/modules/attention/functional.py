@@ -76,11 +76,7 @@ def local_partial(q: Tensor, k: Tensor, v: Tensor, lengths: Tensor, radius: int,
     kw = F.pad(k, (0, 0, w, L - N + w)).unfold(2, 3 * w, w)  # (B, H, nb, d, 3w)
     vw = F.pad(v, (0, 0, w, L - N + w)).unfold(2, 3 * w, w)
     scores = torch.einsum("bhnid,bhndj->bhnij", qb, kw) / math.sqrt(d)  # (B, H, nb, w, 3w)
-    dev = q.device
-    qpos = torch.arange(L, device=dev).view(nb, w, 1)
-    kpos = (torch.arange(nb, device=dev) * w - w).view(nb, 1, 1) + torch.arange(3 * w, device=dev).view(1, 1, -1)
-    allowed = ((kpos - qpos).abs() <= radius) & (kpos >= max(min_key, 0))  # (nb, w, 3w)
-    allowed = allowed.unsqueeze(0) & (kpos.unsqueeze(0) < lengths.view(B, 1, 1, 1))  # (B, nb, w, 3w)
+    allowed = window_mask(lengths, N, w, radius, min_key)  # (B, nb, w, 3w)
     probs, lse = masked_softmax(scores, allowed.unsqueeze(1), dropout, training)
     out = torch.einsum("bhnij,bhndj->bhnid", probs, vw).reshape(B, H, L, d)[:, :, :N]
     return out, lse.reshape(B, H, L)[:, :, :N]
@@ -96,6 +92,12 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, dropout: f
     # which builds the whole score matrix
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout if training else 0.0)
+
+
+def with_a_key_per_row(allowed: Tensor) -> Tensor:
+    """``allowed`` (..., M) with every row that allows no key opened to all its keys: such rows belong
+    to padding queries, whose output is discarded, and the fused kernels need one key per row."""
+    return allowed | ~allowed.any(-1, keepdim=True)
 
 
 def to_blocks(x: Tensor, w: int) -> Tensor:

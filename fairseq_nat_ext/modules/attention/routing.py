@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from .base import AttentionVariant
-from .functional import check_max_positions, fused_attention
+from .functional import check_max_positions, fused_attention, with_a_key_per_row
 from .registry import register_attention
 
 
@@ -77,10 +77,9 @@ class RoutingAttention(AttentionVariant):
             return t.gather(2, o.unsqueeze(-1).expand(B, H, L, d)).view(B, H, nc, w, d)
 
         qs, ks, vs = chunked(q, oq), chunked(k, ok), chunked(v, ok)
-        allowed = ok.view(B, H, nc, 1, w) < lengths.view(B, 1, 1, 1, 1)
-        # chunk c holds real queries exactly when it holds real keys (both sorted real-first): a chunk
-        # of padding sees all its keys (output discarded; the fused kernel needs one key per row)
-        allowed = allowed | ~allowed.any(-1, keepdim=True)
+        # chunk c holds real queries exactly when it holds real keys (both sorted real-first), so only
+        # chunks of padding allow no key
+        allowed = with_a_key_per_row(ok.view(B, H, nc, 1, w) < lengths.view(B, 1, 1, 1, 1))
         out = fused_attention(qs.flatten(0, 1), ks.flatten(0, 1), vs.flatten(0, 1), allowed.flatten(0, 1),
                               self.dropout, self.training).reshape(B, H, L, d)
         back = torch.zeros(B, H, N + 1, d, dtype=out.dtype, device=out.device)

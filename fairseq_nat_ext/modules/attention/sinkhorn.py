@@ -13,7 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .base import AttentionVariant
-from .functional import check_max_positions, fused_attention
+from .functional import check_max_positions, fused_attention, with_a_key_per_row
 from .registry import register_attention
 
 
@@ -63,8 +63,7 @@ class SinkhornAttention(AttentionVariant):
         vals = torch.cat([vb, vs], dim=3)
         own_ok = real.view(B, 1, nb, bs).expand(B, H, nb, bs) > 0
         sorted_ok = mass > 1e-6
-        allowed = torch.cat([own_ok, sorted_ok], dim=-1)  # (B, H, nb, 2bs)
-        allowed = allowed | ~allowed.any(-1, keepdim=True)  # a padding block sees all (output discarded)
+        allowed = with_a_key_per_row(torch.cat([own_ok, sorted_ok], dim=-1))  # (B, H, nb, 2bs)
         bias = torch.cat([torch.zeros_like(mass), mass.clamp_min(1e-6).log()], dim=-1)
         bias = bias.masked_fill(~allowed, float("-inf")).to(q.dtype)
         # one fused softmax per query block over [own block, sorted partner block], with log-mass bias
