@@ -461,3 +461,64 @@ def test_compressed_keeps_no_score_matrix():
     with _LargestTensor() as rec:
         mod(q, k, v, torch.tensor([N - 5])).sum().backward()
     assert rec.largest < N * N / 8, f"compressed built a tensor of {rec.largest} elements (scores: {N * N // 4})"
+
+
+MERGED_CASES = [
+    ("local", SMALL),
+    ("local", AttentionOptions(attention_window=5)),
+    ("global", SMALL),
+    ("global", AttentionOptions(global_tokens=7, attention_window=2)),
+    ("global", AttentionOptions(global_tokens=0, attention_window=4)),
+    ("bigbird", SMALL),
+    ("bigbird", AttentionOptions(block_size=3, bigbird_window_blocks=1, bigbird_global_blocks=1,
+                                 bigbird_random_blocks=4, max_positions=64)),
+    ("bigbird", AttentionOptions(block_size=2, bigbird_window_blocks=5, bigbird_global_blocks=0,
+                                 bigbird_random_blocks=0, max_positions=64)),
+]
+
+
+@pytest.mark.parametrize("name,opts", MERGED_CASES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_flash_partials_path_matches_the_sdpa_path_values_and_gradients(name, opts, dtype, monkeypatch):
+    """local/global/bigbird on CPU read keys through views and merge disjoint key sets by their log-sum-exp
+    (partials.py, its own backward); the scaled_dot_product_attention path over gathered keys (kept for
+    CUDA and dropout) is the reference: same outputs and same gradients of q, k, v on a ragged batch."""
+    from fairseq_nat_ext.modules.attention import partials
+
+    mod = build(name, opts).to(dtype)
+    weight = torch.linspace(-1, 1, 23 * 8, dtype=dtype).view(1, 1, 23, 8)
+    real = (torch.arange(23)[None, :] < LENGTHS[:, None]).view(3, 1, 23, 1)
+    results = []
+    for enabled in (True, False):
+        monkeypatch.setattr(partials, "ENABLED", enabled)
+        q, k, v = [t.to(dtype).requires_grad_() for t in qkv(seed=3)]
+        out = mod(q, k, v, LENGTHS)
+        (out * real * weight).sum().backward()  # padding rows' outputs are discarded by the layer
+        results.append([out * real, q.grad, k.grad, v.grad])
+    tol = dict(atol=1e-12, rtol=1e-10) if dtype == torch.float64 else dict(atol=2e-5, rtol=1e-4)
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, **tol)
+
+
+@pytest.mark.parametrize("name", ["local", "global", "bigbird"])
+def test_flash_partials_path_keeps_no_gathered_key_copies_for_backward(name):
+    """What autograd keeps for the backward pass stays O(N d): no (2 reach + 1) x N x d window copies."""
+    N, d = 1024, 8
+    opts = AttentionOptions(attention_window=64, global_tokens=4, block_size=32, bigbird_window_blocks=3,
+                            bigbird_global_blocks=1, bigbird_random_blocks=3, max_positions=N)
+    mod = build_attention(name, 2, d, opts)
+    q, k, v = [torch.randn(1, 2, N, d, requires_grad=True) for _ in range(3)]
+    saved = {}
+
+    def pack(t):
+        if t.dim() >= 3 and t.size(-1) == d:  # query/key/value/output-shaped tensors, each storage once
+            storage = t.untyped_storage()
+            saved[storage.data_ptr()] = storage.nbytes() // t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = mod(q, k, v, torch.tensor([N - 5]))
+    out.sum().backward()
+    # queries, keys, values (with their margins) and the output, plus the global rows' own attention
+    total = sum(saved.values())
+    assert total <= 6 * 2 * N * d, f"{name} keeps {total} numbers for backward (q/k/v: {2 * N * d} each)"

@@ -10,6 +10,7 @@ is dropped (each key counted once).  Work and memory are O(N * (w + g + r) * blo
 
 import torch
 
+from . import partials
 from .base import AttentionVariant
 from .functional import check_max_positions, fused_attention, valid_keys
 from .registry import register_attention
@@ -67,6 +68,13 @@ class BigBirdAttention(AttentionVariant):
         qb = pad(q).view(B, H, nb, bs, d)
         idx, valid = self.block_table(lengths, nb)  # (B, H, nb, K)
         K = idx.size(-1)
+        g = min(o.bigbird_global_blocks * bs, N)
+        if partials.usable(q, self.dropout, self.training):
+            return self.merged(q, k, v, lengths, idx, valid, g)
+        glob = None
+        if g > 0:  # global queries see every real key
+            glob = fused_attention(q[:, :, :g], k, v, valid_keys(lengths, N)[:, None, None, :],
+                                   self.dropout, self.training)
         # whole key blocks (rows of bs * d numbers) picked by one index_select over all (batch, head, block)
         rows = (idx + torch.arange(B * H, device=q.device).view(B, H, 1, 1) * nb).flatten()
         kg = pad(k).reshape(B * H * nb, bs * d).index_select(0, rows).view(B, H, nb, K * bs, d)
@@ -79,12 +87,29 @@ class BigBirdAttention(AttentionVariant):
         out = fused_attention(qb.flatten(0, 1), kg.flatten(0, 1), vg.flatten(0, 1),
                               (allowed | pad_block).flatten(0, 1).unsqueeze(2), self.dropout, self.training)
         out = out.reshape(B, H, L, d)[:, :, :N]
-        g = min(o.bigbird_global_blocks * bs, N)
+        return out if glob is None else torch.cat([glob, out[:, :, g:]], dim=2)
+
+    def merged(self, q, k, v, lengths, idx, valid, g):
+        """The same pattern as three disjoint key sets merged exactly (partials.py): the window blocks read
+        through an overlapping view of the keys, the global blocks as a prefix, the random blocks gathered."""
+        B, H, N, d = q.shape
+        o = self.opts
+        bs, wb, gb = o.block_size, o.bigbird_window_blocks, o.bigbird_global_blocks
+        nb = idx.size(2)
+        half = wb // 2
+        # window: the same in every head (padding queries see their whole window; discarded)
+        parts = [partials.Band(bs, half, wb * bs, lengths, N, q.dtype, block_ok=valid[:, 0, :, :wb])]
+        first = None
         if g > 0:  # global queries see every real key
-            glob = fused_attention(q[:, :, :g], k, v, valid_keys(lengths, N)[:, None, None, :],
-                                   self.dropout, self.training)
-            out = torch.cat([glob, out[:, :, g:]], dim=2)
-        return out
+            real = valid_keys(lengths, nb * bs)
+            parts.append(partials.Prefix(g, real[:, :g], q.dtype))
+            first = partials.FirstRows(g, real, q.dtype)
+        if o.bigbird_random_blocks > 0:
+            rand = idx[..., wb + gb:].permute(0, 2, 1, 3)  # (B, nb, H, r)
+            kpos = (rand.unsqueeze(-1) * bs + torch.arange(bs, device=q.device)).flatten(-2)  # (B, nb, H, r * bs)
+            ok = valid[..., wb + gb:].permute(0, 2, 1, 3).repeat_interleave(bs, dim=-1) & (kpos < lengths.view(B, 1, 1, 1))
+            parts.append(partials.Blocks(bs, rand.flatten(0, 1), ok.flatten(0, 1), nb, q.dtype))
+        return partials.merged_attention(q, k, v, parts, nb * bs, margin=half * bs, first=first)
 
     def pattern(self, lengths, n):
         """Dense (B, H, n, n) bool of which query sees which key (tests and pictures only)."""

@@ -126,15 +126,19 @@ def window_blocks(x: Tensor, w: int, reach: int = 1) -> Tensor:
 def window_mask(lengths: Tensor, n: int, w: int, radius: int, min_key: int = 0, reach: int = 1) -> Tensor:
     """(B, nb, w, (2 reach + 1) w) bool for :func:`window_blocks`: query i sees key j when
     |i - j| <= radius, min_key <= j < length.  A padding query sees its whole window (its output is
-    discarded; the fused kernels need one allowed key per row)."""
+    discarded; the fused kernels need one allowed key per row).  Built from the (w, span) band, which is
+    the same for every block, and per-block vectors: no (nb, w, span) integer temporaries."""
     nb = -(-n // w)
     dev = lengths.device
     span = (2 * reach + 1) * w
-    qpos = torch.arange(nb * w, device=dev).view(nb, w, 1)
-    kpos = (torch.arange(nb, device=dev) * w - reach * w).view(nb, 1, 1) + torch.arange(span, device=dev).view(1, 1, -1)
-    band = ((kpos - qpos).abs() <= radius) & (kpos >= max(min_key, 0))  # (nb, w, span)
-    length = lengths.view(-1, 1, 1, 1)
-    return (band.unsqueeze(0) & (kpos.unsqueeze(0) < length)) | (qpos.unsqueeze(0) >= length)
+    i = torch.arange(w, device=dev)
+    j = torch.arange(span, device=dev)
+    band = (j.view(1, span) - reach * w - i.view(w, 1)).abs() <= radius  # (w, span)
+    kpos = (torch.arange(nb, device=dev) * w - reach * w).view(nb, 1) + j.view(1, span)  # (nb, span)
+    length = lengths.view(-1, 1, 1)
+    key_ok = (kpos >= max(min_key, 0)).unsqueeze(0) & (kpos.unsqueeze(0) < length)  # (B, nb, span)
+    pad_query = torch.arange(nb * w, device=dev).view(1, nb, w) >= length  # (B, nb, w)
+    return (band[None, None] & key_ok.unsqueeze(2)) | pad_query.unsqueeze(-1)
 
 
 def window_layout(radius: int, n: int, block: int = 0):

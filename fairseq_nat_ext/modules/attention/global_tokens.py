@@ -5,6 +5,7 @@ tokens of the sequence (--global-mode first) or g learned tokens that the encode
 
 import torch
 
+from . import partials
 from .base import AttentionVariant
 from .functional import (from_blocks, fused_attention, to_blocks, valid_keys, window_blocks, window_layout,
                          window_mask)
@@ -21,8 +22,15 @@ class GlobalAttention(AttentionVariant):
         r = self.opts.attention_window
         w, reach = window_layout(r, N)
         real = valid_keys(lengths, N)  # (B, N)
+        nb = -(-N // w)
+        if partials.usable(q, self.dropout, self.training):  # window view + the global keys, merged exactly
+            parts, first = [partials.Band(w, reach, r, lengths, N, q.dtype, min_key=g)], None
+            if g > 0:
+                parts.append(partials.Prefix(g, real[:, :g], q.dtype))
+                first = partials.FirstRows(g, valid_keys(lengths, nb * w), q.dtype)
+            return partials.merged_attention(q, k, v, parts, nb * w, margin=reach * w, first=first)
+        glob = fused_attention(q[:, :, :g], k, v, real[:, None, None, :], self.dropout, self.training)
         mask = window_mask(lengths, N, w, r, min_key=g, reach=reach)  # (B, nb, w, span)
-        nb = mask.size(1)
         pad_query = torch.arange(nb * w, device=q.device).view(1, nb, w, 1) >= lengths.view(B, 1, 1, 1)
         mask = torch.cat([mask, real[:, None, None, :g].expand(B, nb, w, g) | pad_query], -1)
 
@@ -32,7 +40,6 @@ class GlobalAttention(AttentionVariant):
 
         out = from_blocks(fused_attention(to_blocks(q, w), keys(k), keys(v), mask.flatten(0, 1).unsqueeze(1),
                                           self.dropout, self.training), B, N)
-        glob = fused_attention(q[:, :, :g], k, v, real[:, None, None, :], self.dropout, self.training)
         return torch.cat([glob, out[:, :, g:]], dim=2)
 
     def pattern(self, lengths, n):

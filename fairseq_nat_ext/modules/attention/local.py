@@ -1,6 +1,7 @@
 """``local``: truncated attention, each token sees the tokens within --attention-window of it."""
 
 from .base import AttentionVariant
+from . import partials
 from .functional import from_blocks, fused_attention, to_blocks, window_blocks, window_layout, window_mask
 from .registry import register_attention
 
@@ -13,6 +14,9 @@ class LocalAttention(AttentionVariant):
         B, H, N, d = q.shape
         r = self.opts.attention_window
         w, reach = window_layout(r, N)
+        if partials.usable(q, self.dropout, self.training):  # keys read through an overlapping view, no copies
+            band = partials.Band(w, reach, r, lengths, N, q.dtype)
+            return partials.merged_attention(q, k, v, [band], -(-N // w) * w, margin=reach * w)
         allowed = window_mask(lengths, N, w, r, reach=reach).flatten(0, 1).unsqueeze(1)  # (B * nb, 1, w, span)
         out = fused_attention(to_blocks(q, w), window_blocks(k, w, reach), window_blocks(v, w, reach), allowed,
                               self.dropout, self.training)

@@ -1,0 +1,301 @@
+"""Exact softmax attention of every query over a union of disjoint key sets ("partials"), run by torch's
+CPU flash-attention kernel, keeping only O(N d) tensors for the backward pass.
+
+Each partial reads its keys through a 4-D view in the kernel's layout (X, heads, keys, d):
+- :class:`Band`: query blocks of w positions read the keys b*w - reach*w .. b*w + (reach+1)*w - 1 as an
+  OVERLAPPING strided view of the keys (no copy; the kernel reads through the strides);
+- :class:`Prefix`: every query reads the first g keys of its sequence (a slice, no copy);
+- :class:`Blocks`: query blocks read per-head chosen key blocks (gathered in forward, gathered again in
+  backward instead of being kept);
+- :class:`FirstRows` (not merged): the first g query rows read every key and replace the merged output there.
+The partials' outputs O_i (normalised within the partial) are merged with their log-sum-exp weights
+a_i = exp(lse_i - lse); the backward pass calls the kernel's own backward per partial with gradient
+a_i * dO and the MERGED output as ``out``: the kernel's row term D = <dO_i, out> then equals the merged
+attention's, so dS_i = a_i P_i (dP_i - D) is exactly the gradient of the softmax over the union.
+
+Memory: the backward pass runs over chunks of query blocks, so the kernel's key gradients (one row per key
+READ, (2 reach + 1)x the keys for a band) and the band's additive mask (rebuilt per chunk from a (w, span)
+band and per-block vectors) never exist for the whole sequence at once.  Used on CPU when there is no
+attention dropout to apply; the variants keep their ``scaled_dot_product_attention`` path for CUDA and dropout.
+"""
+
+from typing import List, Optional, Tuple
+
+import torch
+
+Tensor = torch.Tensor
+
+_FORWARD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+_BACKWARD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
+ENABLED = True  # tests switch it off to compare with the scaled_dot_product_attention path
+
+
+def usable(q: Tensor, dropout: float, training: bool) -> bool:
+    """Whether the flash-kernel path applies: CPU, a floating dtype, no attention dropout to apply."""
+    return (ENABLED and _FORWARD is not None and q.device.type == "cpu" and q.is_floating_point()
+            and not (dropout > 0.0 and training))
+
+
+def additive(allowed: Tensor, dtype: torch.dtype) -> Tensor:
+    """bool mask -> the kernel's additive mask (0 where allowed, -inf elsewhere)."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))
+
+
+class Partial:
+    """One key set.  ``w``: query block size (None: the query rows are whole sequences).  Kernel rows X are
+    query blocks (B * nb) or sequences (B); the backward pass runs over row ranges of ``chunk`` rows."""
+
+    w: Optional[int] = None
+    chunk: Optional[int] = None  # None: all rows at once
+    has_key: Optional[Tensor] = None  # bool broadcasting to (B, L, H): rows with at least one key here
+
+    def mask(self, lo: int = 0, hi: Optional[int] = None) -> Tensor:
+        """Additive mask of kernel rows lo:hi, broadcasting to (hi - lo, H, Lq, M)."""
+        raise NotImplementedError
+
+    def q_view(self, x: Tensor) -> Tensor:
+        """(B, L, H, d) common layout -> the kernel's (X, H, Lq, d) query view."""
+        B, L, H, d = x.shape
+        if self.w is None:
+            return x.transpose(1, 2)
+        return x.view(B * (L // self.w), self.w, H, d).transpose(1, 2)
+
+    def common(self, y: Tensor, B: int) -> Tensor:
+        """kernel output (X, H, Lq, d) or lse (X, H, Lq) -> (B, L, H[, d])."""
+        y = y.transpose(1, 2)
+        return y.reshape(B, -1, *y.shape[2:])
+
+    def keys(self, flat: Tensor, B: int, L: int, margin: int) -> Tensor:
+        """The kernel's (X, H, M, d) key view of the flat keys (margin + B * L + margin, H, d)."""
+        raise NotImplementedError
+
+    def fold(self, grad: Tensor, flat_grad: Tensor, B: int, L: int, margin: int, lo: int = 0) -> None:
+        """Add the kernel's gradient for rows lo:lo + len(grad) of :meth:`keys` into the flat key gradient."""
+        raise NotImplementedError
+
+    def ranges(self, X: int) -> List[Tuple[int, int]]:
+        step = self.chunk or X
+        return [(lo, min(lo + step, X)) for lo in range(0, X, step)]
+
+
+class Band(Partial):
+    """Query block b (w positions) reads key positions b*w - reach*w + j, j < (2 reach + 1) w: query i sees
+    key j when |i - j| <= radius and min_key <= j < length; a padding query (i >= length) sees its whole
+    window (its output is discarded).  Keys outside a sequence read a neighbour's rows or the zero margins and
+    are masked."""
+
+    def __init__(self, w: int, reach: int, radius: int, lengths: Tensor, n: int, dtype: torch.dtype,
+                 min_key: int = 0, block_ok: Optional[Tensor] = None):
+        """``block_ok`` (B, nb, 2 reach + 1) bool: per query block, which of its key blocks may be read
+        (BigBird); None: all (local windows)."""
+        self.w, self.reach, self.dtype = w, reach, dtype
+        nb = -(-n // w)
+        dev = lengths.device
+        span = (2 * reach + 1) * w
+        i, j = torch.arange(w, device=dev), torch.arange(span, device=dev)
+        self.band = (j.view(1, span) - reach * w - i.view(w, 1)).abs() <= radius  # (w, span): every block's
+        kpos = (torch.arange(nb, device=dev) * w - reach * w).view(nb, 1) + j.view(1, span)  # (nb, span)
+        self.key_ok = (kpos >= max(min_key, 0)).unsqueeze(0) & (kpos.unsqueeze(0) < lengths.view(-1, 1, 1))
+        if block_ok is not None:
+            self.key_ok &= block_ok.repeat_interleave(w, dim=-1)
+        self.key_ok = self.key_ok.flatten(0, 1)  # (B * nb, span)
+        self.pad_query = (torch.arange(nb * w, device=dev).view(1, nb, w) >= lengths.view(-1, 1, 1)).flatten(0, 1)
+        self.has_key = self.allowed().any(-1).reshape(lengths.size(0), nb * w, 1)
+        self.chunk = max(1, -(-self.key_ok.size(0) // (2 * reach + 1)))  # key-gradient chunks ~ the keys' size
+
+    def allowed(self, lo: int = 0, hi: Optional[int] = None) -> Tensor:
+        """(hi - lo, w, span) bool."""
+        return (self.band & self.key_ok[lo:hi].unsqueeze(1)) | self.pad_query[lo:hi].unsqueeze(-1)
+
+    def mask(self, lo=0, hi=None):
+        return additive(self.allowed(lo, hi), self.dtype).unsqueeze(1)
+
+    def keys(self, flat, B, L, margin):
+        _, H, d = flat.shape
+        span = (2 * self.reach + 1) * self.w
+        start = flat.storage_offset() + (margin - self.reach * self.w) * H * d
+        return flat.as_strided((B * (L // self.w), H, span, d), (self.w * H * d, d, H * d, 1), start)
+
+    def fold(self, grad, flat_grad, B, L, margin, lo=0):
+        X, H, span, d = grad.shape
+        g = grad.transpose(1, 2).reshape(X, 2 * self.reach + 1, self.w, H, d)
+        first = margin - self.reach * self.w + lo * self.w
+        for o in range(2 * self.reach + 1):
+            start = first + o * self.w
+            flat_grad[start:start + X * self.w] += g[:, o].reshape(X * self.w, H, d)
+
+
+class Prefix(Partial):
+    """Every query reads the first g keys of its own sequence; ``allowed`` (B, g) bool."""
+
+    def __init__(self, g: int, allowed: Tensor, dtype: torch.dtype):
+        self.g = g
+        self._mask = additive(allowed[:, None, None, :], dtype)
+        self.has_key = allowed.any(-1).view(-1, 1, 1)
+
+    def mask(self, lo=0, hi=None):
+        return self._mask[lo:hi]
+
+    def keys(self, flat, B, L, margin):
+        _, H, d = flat.shape
+        return flat[margin:margin + B * L].view(B, L, H, d)[:, :self.g].transpose(1, 2)
+
+    def fold(self, grad, flat_grad, B, L, margin, lo=0):
+        _, H, d = flat_grad.shape
+        flat_grad[margin:margin + B * L].view(B, L, H, d)[lo:lo + grad.size(0), :self.g] += grad.transpose(1, 2)
+
+
+class FirstRows(Prefix):
+    """Not merged: the first g query rows (global tokens) read every key of their sequence (``allowed``
+    (B, L) bool) and REPLACE the merged output there; their gradient goes to this attention only."""
+
+    def __init__(self, g: int, allowed: Tensor, dtype: torch.dtype):
+        super().__init__(g, allowed, dtype)
+        self.has_key = None
+
+    def q_view(self, x):
+        return x[:, :self.g].transpose(1, 2)
+
+    def keys(self, flat, B, L, margin):
+        _, H, d = flat.shape
+        return flat[margin:margin + B * L].view(B, L, H, d).transpose(1, 2)
+
+    def fold(self, grad, flat_grad, B, L, margin, lo=0):
+        _, H, d = flat_grad.shape
+        flat_grad[margin:margin + B * L].view(B, L, H, d)[lo:lo + grad.size(0)] += grad.transpose(1, 2)
+
+
+class Blocks(Partial):
+    """Query block x (w positions) of head h reads the key blocks ``index[x, h, :]`` (block numbers within its
+    sequence, blocks of w positions); ``allowed`` (X, H, K * w) bool per key (the same for the whole block)."""
+
+    def __init__(self, w: int, index: Tensor, allowed: Tensor, nb: int, dtype: torch.dtype):
+        X, H, K = index.shape
+        self.w = w
+        self.index = index + (torch.arange(X, device=index.device) // nb * nb).view(X, 1, 1)  # global block ids
+        self._mask = additive(allowed.unsqueeze(2), dtype)  # (X, H, 1, K * w)
+        self.has_key = allowed.any(-1).view(X // nb, nb, 1, H).expand(-1, -1, w, -1).reshape(X // nb, nb * w, H)
+        self.chunk = max(1, -(-X // K))
+
+    def mask(self, lo=0, hi=None):
+        return self._mask[lo:hi]
+
+    def _blocks(self, flat, B, L, margin):
+        _, H, d = flat.shape
+        return flat[margin:margin + B * L].view(B * (L // self.w), self.w, H, d).transpose(1, 2)  # (B nb, H, w, d)
+
+    def _where(self, lo, hi):
+        H = self.index.size(1)
+        return self.index[lo:hi], torch.arange(H, device=self.index.device).view(1, H, 1)
+
+    def keys(self, flat, B, L, margin, lo=0, hi=None):
+        idx, heads = self._where(lo, hi)
+        picked = self._blocks(flat, B, L, margin)[idx, heads]  # (X, H, K, w, d)
+        return picked.reshape(idx.size(0), idx.size(1), -1, flat.size(-1))
+
+    def fold(self, grad, flat_grad, B, L, margin, lo=0):
+        idx, heads = self._where(lo, lo + grad.size(0))
+        X, H, K = idx.shape
+        self._blocks(flat_grad, B, L, margin).index_put_(
+            (idx, heads), grad.reshape(X, H, K, self.w, flat_grad.size(-1)), accumulate=True)
+
+
+def _flat(x: Tensor, L: int, margin: int) -> Tensor:
+    """(B, H, N, d) -> (margin + B * L + margin, H, d): each sequence padded to L, zero margins."""
+    B, H, N, d = x.shape
+    flat = x.new_empty(margin + B * L + margin, H, d)
+    flat[:margin].zero_()
+    flat[margin + B * L:].zero_()
+    body = flat[margin:margin + B * L].view(B, L, H, d)
+    body[:, :N] = x.transpose(1, 2)
+    body[:, N:].zero_()
+    return flat
+
+
+def _merge_weights(partials: List[Partial], lses: List[Tensor]) -> List[Tensor]:
+    """Per partial a_i = exp(lse_i - logsumexp_j lse_j), 0 where the partial has no key (or none has)."""
+    lse = [l.masked_fill(~p.has_key, float("-inf")) if p.has_key is not None else l for p, l in zip(partials, lses)]
+    total = torch.logsumexp(torch.stack(lse), 0)
+    total = total.masked_fill(torch.isinf(total), 0.0)
+    return [torch.exp(l - total) for l in lse]
+
+
+def _keys(p: Partial, flat: Tensor, B: int, L: int, margin: int, lo: int, hi: int) -> Tensor:
+    if isinstance(p, Blocks):  # gathered: only the rows asked for
+        return p.keys(flat, B, L, margin, lo, hi)
+    return p.keys(flat, B, L, margin)[lo:hi]
+
+
+class _MergedAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, partials, first, L, margin):
+        B, H, N, d = q.shape
+        qp = q.new_zeros(B, L, H, d)
+        qp[:, :N] = q.transpose(1, 2)
+        kf, vf = _flat(k, L, margin), _flat(v, L, margin)
+        outs, lses, raw = [], [], []
+        for p in partials:
+            o, lse = _FORWARD(p.q_view(qp), _keys(p, kf, B, L, margin, 0, None), _keys(p, vf, B, L, margin, 0, None),
+                              0.0, False, attn_mask=p.mask())
+            outs.append(p.common(o, B))
+            lses.append(p.common(lse, B).to(torch.promote_types(lse.dtype, torch.float32)))
+            raw.append(lse)
+        if len(partials) == 1:
+            weights = []
+            out = outs[0]
+        else:
+            weights = _merge_weights(partials, lses)
+            out = outs[0].mul_(weights[0].unsqueeze(-1).to(outs[0].dtype))  # in place: the kernel's own outputs
+            for a, o in zip(weights[1:], outs[1:]):
+                out.addcmul_(a.unsqueeze(-1).to(o.dtype), o)
+        del outs, lses
+        if first is not None:
+            o, lse = _FORWARD(first.q_view(qp), first.keys(kf, B, L, margin), first.keys(vf, B, L, margin), 0.0,
+                              False, attn_mask=first.mask())
+            out[:, :first.g] = first.common(o, B)
+            raw.append(lse)
+        ctx.partials, ctx.first, ctx.shape = partials, first, (B, H, N, d, L, margin)
+        ctx.save_for_backward(qp, kf, vf, out, *raw, *weights)
+        return out[:, :N].transpose(1, 2)
+
+    @staticmethod
+    def backward(ctx, grad):
+        B, H, N, d, L, margin = ctx.shape
+        partials, first = ctx.partials, ctx.first
+        qp, kf, vf, out, *rest = ctx.saved_tensors
+        n_raw = len(partials) + (first is not None)
+        raw, weights = rest[:n_raw], rest[n_raw:]
+        g = grad.new_zeros(B, L, H, d)
+        g[:, :N] = grad.transpose(1, 2)
+        gq = torch.zeros_like(qp)
+        gk, gv = torch.zeros_like(kf), torch.zeros_like(vf)
+
+        def run(p, gi, lse):
+            qv, gv_, ov, dqv = p.q_view(qp), p.q_view(gi), p.q_view(out), p.q_view(gq)
+            for lo, hi in p.ranges(qv.size(0)):
+                dq, dk, dv = _BACKWARD(gv_[lo:hi], qv[lo:hi], _keys(p, kf, B, L, margin, lo, hi),
+                                       _keys(p, vf, B, L, margin, lo, hi), ov[lo:hi], lse[lo:hi], 0.0, False,
+                                       attn_mask=p.mask(lo, hi))
+                dqv[lo:hi] += dq
+                p.fold(dk, gk, B, L, margin, lo)
+                p.fold(dv, gv, B, L, margin, lo)
+
+        if first is not None:
+            run(first, g, raw[-1])
+            g[:, :first.g] = 0.0  # those rows' merged output was replaced
+        for i, p in enumerate(partials):
+            run(p, g if not weights else weights[i].unsqueeze(-1).to(g.dtype) * g, raw[i])
+
+        def back(flat):
+            return flat[margin:margin + B * L].view(B, L, H, d)[:, :N].transpose(1, 2)
+
+        return gq[:, :N].transpose(1, 2), back(gk), back(gv), None, None, None, None
+
+
+def merged_attention(q: Tensor, k: Tensor, v: Tensor, partials: List[Partial], L: int, margin: int = 0,
+                     first: Optional[FirstRows] = None) -> Tensor:
+    """Softmax attention of q over the union of ``partials`` (disjoint key sets), (B, H, N, d) -> (B, H, N, d);
+    with ``first`` the first g query rows are its attention instead.  ``L`` >= N: the common padded length (a
+    multiple of every partial's block size); ``margin``: zero rows before and after the flat keys (a
+    :class:`Band` needs reach * w).  Only where :func:`usable` is True."""
+    return _MergedAttention.apply(q, k, v, partials, first, L, margin)
