@@ -151,6 +151,29 @@ def test_linear_attention_equals_its_explicit_quadratic_form(fmap):
     assert_real_close(out, ref, LENGTHS)
 
 
+@pytest.mark.parametrize("fmap", ["elu", "relu", "performer"])
+def test_linear_attention_gradients_equal_autograd_of_the_explicit_form(fmap):
+    """The chunked forward/backward (features recomputed in backward) against autograd through the explicit
+    O(N^2) form, and torch's numerical gradcheck with chunks smaller than the sequence."""
+    from fairseq_nat_ext.modules.attention import linear
+
+    q, k, v = [t.requires_grad_() for t in qkv()]
+    mod = build("linear", AttentionOptions(feature_map=fmap, performer_features=16))
+    real = (torch.arange(23)[None, :] < LENGTHS[:, None])[:, None, :, None].double()
+    out = mod(q, k, v, LENGTHS)
+    A = (mod.phi(q, True) @ mod.phi(k * real, False, real).transpose(-1, -2)) * real.transpose(-1, -2)
+    ref = (A @ (v * real)) / A.sum(-1, keepdim=True)
+    weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=out.dtype) * real
+    ours = torch.autograd.grad((out * weight).sum(), (q, k, v))
+    theirs = torch.autograd.grad((ref * weight).sum(), (q, k, v))
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a, b)
+    W = mod._scaled_features(q)
+    small = [t.detach()[:2, :, :9].clone().requires_grad_() for t in (q, k, v)]
+    assert torch.autograd.gradcheck(lambda a, b, c: linear._LinearAttention.apply(a, b, c, real[:2, :, :9], W, fmap, 4),
+                                    small)
+
+
 def test_performer_approximates_softmax_attention():
     torch.manual_seed(0)
     q, k, v = [t * 0.5 for t in qkv(N=64, d=16, H=1, B=2)]
@@ -500,18 +523,20 @@ def test_flash_partials_path_matches_the_sdpa_path_values_and_gradients(name, op
         torch.testing.assert_close(a, b, **tol)
 
 
-@pytest.mark.parametrize("name", ["local", "global", "bigbird"])
-def test_flash_partials_path_keeps_no_gathered_key_copies_for_backward(name):
-    """What autograd keeps for the backward pass stays O(N d): no (2 reach + 1) x N x d window copies."""
+@pytest.mark.parametrize("name", ["local", "global", "bigbird", "linear"])
+def test_backward_keeps_only_sequence_sized_tensors(name):
+    """What autograd keeps for the backward pass stays O(N d): no (2 reach + 1) x N x d window copies for
+    local/global/bigbird, no (N, m) feature maps for linear (performer, m = 4 d)."""
     N, d = 1024, 8
     opts = AttentionOptions(attention_window=64, global_tokens=4, block_size=32, bigbird_window_blocks=3,
-                            bigbird_global_blocks=1, bigbird_random_blocks=3, max_positions=N)
+                            bigbird_global_blocks=1, bigbird_random_blocks=3, max_positions=N,
+                            feature_map="performer", performer_features=4 * d)
     mod = build_attention(name, 2, d, opts)
     q, k, v = [torch.randn(1, 2, N, d, requires_grad=True) for _ in range(3)]
     saved = {}
 
     def pack(t):
-        if t.dim() >= 3 and t.size(-1) == d:  # query/key/value/output-shaped tensors, each storage once
+        if t.dim() >= 3 and t.size(-2) > 64:  # sequence-sized tensors, each storage once
             storage = t.untyped_storage()
             saved[storage.data_ptr()] = storage.nbytes() // t.element_size()
         return t
