@@ -68,7 +68,8 @@ class EfficientSelfAttention(nn.Module):
         for module, (_, heads) in zip(self.variants, self.spec):
             outs.append(module(q[:, h0:h0 + heads], k[:, h0:h0 + heads], v[:, h0:h0 + heads], lengths))
             h0 += heads
-        out = self.out_proj(torch.cat(outs, 1).transpose(1, 2).reshape(B, T, C))
+        heads = outs[0] if len(outs) == 1 else torch.cat(outs, 1)  # one variant: often a view, no copy
+        out = self.out_proj(heads.transpose(1, 2).reshape(B, T, C))
         if perm is not None:
             real = torch.arange(T, device=query.device).unsqueeze(0) < lengths.unsqueeze(1)
             out = out.masked_fill(~real.unsqueeze(-1), 0.0)
