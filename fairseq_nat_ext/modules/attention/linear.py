@@ -135,7 +135,10 @@ class _LinearAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, real, W, fmap, chunk):
-        kin, vin = k * real, v * real  # padding keys: zero input (finite features), left out below
+        if bool((real == 0).any()):  # padding keys: zero input (finite features), left out below
+            kin, vin = k * real, v * real
+        else:
+            kin, vin = k, v
         S, z, stab = _key_sums(kin, vin, real, W, fmap, chunk)
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
         for lo in range(0, q.size(2), chunk):
