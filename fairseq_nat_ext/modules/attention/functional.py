@@ -123,21 +123,26 @@ def window_blocks(x: Tensor, w: int, reach: int = 1) -> Tensor:
     return win.permute(0, 2, 1, 4, 3).reshape(B * nb, H, span, d)
 
 
-def window_mask(lengths: Tensor, n: int, w: int, radius: int, min_key: int = 0, reach: int = 1) -> Tensor:
-    """(B, nb, w, (2 reach + 1) w) bool for :func:`window_blocks`: query i sees key j when
-    |i - j| <= radius, min_key <= j < length.  A padding query sees its whole window (its output is
-    discarded; the fused kernels need one allowed key per row).  Built from the (w, span) band, which is
-    the same for every block, and per-block vectors: no (nb, w, span) integer temporaries."""
+def window_parts(lengths: Tensor, n: int, w: int, radius: int, min_key: int = 0, reach: int = 1):
+    """The pieces of :func:`window_mask`, never (nb, w, span) integers: the band (w, span) bool, the same for
+    every block (|i - j| <= radius); key_ok (B, nb, span), min_key <= j < length; pad_query (B, nb, w), i >= length."""
     nb = -(-n // w)
     dev = lengths.device
     span = (2 * reach + 1) * w
-    i = torch.arange(w, device=dev)
-    j = torch.arange(span, device=dev)
-    band = (j.view(1, span) - reach * w - i.view(w, 1)).abs() <= radius  # (w, span)
+    i, j = torch.arange(w, device=dev), torch.arange(span, device=dev)
+    band = (j.view(1, span) - reach * w - i.view(w, 1)).abs() <= radius
     kpos = (torch.arange(nb, device=dev) * w - reach * w).view(nb, 1) + j.view(1, span)  # (nb, span)
     length = lengths.view(-1, 1, 1)
-    key_ok = (kpos >= max(min_key, 0)).unsqueeze(0) & (kpos.unsqueeze(0) < length)  # (B, nb, span)
-    pad_query = torch.arange(nb * w, device=dev).view(1, nb, w) >= length  # (B, nb, w)
+    key_ok = (kpos >= max(min_key, 0)).unsqueeze(0) & (kpos.unsqueeze(0) < length)
+    pad_query = torch.arange(nb * w, device=dev).view(1, nb, w) >= length
+    return band, key_ok, pad_query
+
+
+def window_mask(lengths: Tensor, n: int, w: int, radius: int, min_key: int = 0, reach: int = 1) -> Tensor:
+    """(B, nb, w, (2 reach + 1) w) bool for :func:`window_blocks`: query i sees key j when
+    |i - j| <= radius, min_key <= j < length.  A padding query sees its whole window (its output is
+    discarded; the fused kernels need one allowed key per row)."""
+    band, key_ok, pad_query = window_parts(lengths, n, w, radius, min_key, reach)
     return (band[None, None] & key_ok.unsqueeze(2)) | pad_query.unsqueeze(-1)
 
 

@@ -23,6 +23,8 @@ from typing import List, Optional, Tuple
 
 import torch
 
+from .functional import window_parts
+
 Tensor = torch.Tensor
 
 _FORWARD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
@@ -89,17 +91,11 @@ class Band(Partial):
         """``block_ok`` (B, nb, 2 reach + 1) bool: per query block, which of its key blocks may be read
         (BigBird); None: all (local windows)."""
         self.w, self.reach, self.dtype = w, reach, dtype
-        nb = -(-n // w)
-        dev = lengths.device
-        span = (2 * reach + 1) * w
-        i, j = torch.arange(w, device=dev), torch.arange(span, device=dev)
-        self.band = (j.view(1, span) - reach * w - i.view(w, 1)).abs() <= radius  # (w, span): every block's
-        kpos = (torch.arange(nb, device=dev) * w - reach * w).view(nb, 1) + j.view(1, span)  # (nb, span)
-        self.key_ok = (kpos >= max(min_key, 0)).unsqueeze(0) & (kpos.unsqueeze(0) < lengths.view(-1, 1, 1))
+        self.band, key_ok, pad_query = window_parts(lengths, n, w, radius, min_key, reach)
         if block_ok is not None:
-            self.key_ok &= block_ok.repeat_interleave(w, dim=-1)
-        self.key_ok = self.key_ok.flatten(0, 1)  # (B * nb, span)
-        self.pad_query = (torch.arange(nb * w, device=dev).view(1, nb, w) >= lengths.view(-1, 1, 1)).flatten(0, 1)
+            key_ok = key_ok & block_ok.repeat_interleave(w, dim=-1)
+        self.key_ok, self.pad_query = key_ok.flatten(0, 1), pad_query.flatten(0, 1)  # (B * nb, span), (B * nb, w)
+        nb = pad_query.size(1)
         self.has_key = self.allowed().any(-1).reshape(lengths.size(0), nb * w, 1)
         self.chunk = max(1, -(-self.key_ok.size(0) // (2 * reach + 1)))  # key-gradient chunks ~ the keys' size
 
