@@ -64,13 +64,13 @@ class BigBirdAttention(AttentionVariant):
         bs = o.block_size
         nb = -(-N // bs)
         L = nb * bs
-        pad = lambda t: torch.nn.functional.pad(t, (0, 0, 0, L - N))  # noqa: E731
-        qb = pad(q).view(B, H, nb, bs, d)
         idx, valid = self.block_table(lengths, nb)  # (B, H, nb, K)
         K = idx.size(-1)
         g = min(o.bigbird_global_blocks * bs, N)
         if partials.usable(q, self.dropout, self.training):
             return self.merged(q, k, v, lengths, idx, valid, g)
+        pad = lambda t: torch.nn.functional.pad(t, (0, 0, 0, L - N))  # noqa: E731
+        qb = pad(q).view(B, H, nb, bs, d)
         glob = None
         if g > 0:  # global queries see every real key
             glob = fused_attention(q[:, :, :g], k, v, valid_keys(lengths, N)[:, None, None, :],
