@@ -67,8 +67,8 @@ class Partial:
         y = y.transpose(1, 2)
         return y.reshape(B, -1, *y.shape[2:])
 
-    def keys(self, flat: Tensor, B: int, L: int, margin: int) -> Tensor:
-        """The kernel's (X, H, M, d) key view of the flat keys (margin + B * L + margin, H, d)."""
+    def keys(self, flat: Tensor, B: int, L: int, margin: int, lo: int = 0, hi: Optional[int] = None) -> Tensor:
+        """Kernel rows lo:hi of the (X, H, M, d) key view of the flat keys (margin + B * L + margin, H, d)."""
         raise NotImplementedError
 
     def fold(self, grad: Tensor, flat_grad: Tensor, B: int, L: int, margin: int, lo: int = 0) -> None:
@@ -106,11 +106,11 @@ class Band(Partial):
     def mask(self, lo=0, hi=None):
         return additive(self.allowed(lo, hi), self.dtype).unsqueeze(1)
 
-    def keys(self, flat, B, L, margin):
+    def keys(self, flat, B, L, margin, lo=0, hi=None):
         _, H, d = flat.shape
         span = (2 * self.reach + 1) * self.w
         start = flat.storage_offset() + (margin - self.reach * self.w) * H * d
-        return flat.as_strided((B * (L // self.w), H, span, d), (self.w * H * d, d, H * d, 1), start)
+        return flat.as_strided((B * (L // self.w), H, span, d), (self.w * H * d, d, H * d, 1), start)[lo:hi]
 
     def fold(self, grad, flat_grad, B, L, margin, lo=0):
         X, H, span, d = grad.shape
@@ -132,9 +132,9 @@ class Prefix(Partial):
     def mask(self, lo=0, hi=None):
         return self._mask[lo:hi]
 
-    def keys(self, flat, B, L, margin):
+    def keys(self, flat, B, L, margin, lo=0, hi=None):
         _, H, d = flat.shape
-        return flat[margin:margin + B * L].view(B, L, H, d)[:, :self.g].transpose(1, 2)
+        return flat[margin:margin + B * L].view(B, L, H, d)[lo:hi, :self.g].transpose(1, 2)
 
     def fold(self, grad, flat_grad, B, L, margin, lo=0):
         _, H, d = flat_grad.shape
@@ -152,9 +152,9 @@ class FirstRows(Prefix):
     def q_view(self, x):
         return x[:, :self.g].transpose(1, 2)
 
-    def keys(self, flat, B, L, margin):
+    def keys(self, flat, B, L, margin, lo=0, hi=None):
         _, H, d = flat.shape
-        return flat[margin:margin + B * L].view(B, L, H, d).transpose(1, 2)
+        return flat[margin:margin + B * L].view(B, L, H, d)[lo:hi].transpose(1, 2)
 
     def fold(self, grad, flat_grad, B, L, margin, lo=0):
         _, H, d = flat_grad.shape
@@ -216,12 +216,6 @@ def _merge_weights(partials: List[Partial], lses: List[Tensor]) -> List[Tensor]:
     return [torch.exp(l - total) for l in lse]
 
 
-def _keys(p: Partial, flat: Tensor, B: int, L: int, margin: int, lo: int, hi: int) -> Tensor:
-    if isinstance(p, Blocks):  # gathered: only the rows asked for
-        return p.keys(flat, B, L, margin, lo, hi)
-    return p.keys(flat, B, L, margin)[lo:hi]
-
-
 class _MergedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, partials, first, L, margin):
@@ -231,7 +225,7 @@ class _MergedAttention(torch.autograd.Function):
         kf, vf = _flat(k, L, margin), _flat(v, L, margin)
         outs, lses, raw = [], [], []
         for p in partials:
-            o, lse = _FORWARD(p.q_view(qp), _keys(p, kf, B, L, margin, 0, None), _keys(p, vf, B, L, margin, 0, None),
+            o, lse = _FORWARD(p.q_view(qp), p.keys(kf, B, L, margin), p.keys(vf, B, L, margin),
                               0.0, False, attn_mask=p.mask())
             outs.append(p.common(o, B))
             lses.append(p.common(lse, B).to(torch.promote_types(lse.dtype, torch.float32)))
@@ -269,8 +263,8 @@ class _MergedAttention(torch.autograd.Function):
         def run(p, gi, lse):
             qv, gv_, ov, dqv = p.q_view(qp), p.q_view(gi), p.q_view(out), p.q_view(gq)
             for lo, hi in p.ranges(qv.size(0)):
-                dq, dk, dv = _BACKWARD(gv_[lo:hi], qv[lo:hi], _keys(p, kf, B, L, margin, lo, hi),
-                                       _keys(p, vf, B, L, margin, lo, hi), ov[lo:hi], lse[lo:hi], 0.0, False,
+                dq, dk, dv = _BACKWARD(gv_[lo:hi], qv[lo:hi], p.keys(kf, B, L, margin, lo, hi),
+                                       p.keys(vf, B, L, margin, lo, hi), ov[lo:hi], lse[lo:hi], 0.0, False,
                                        attn_mask=p.mask(lo, hi))
                 dqv[lo:hi] += dq
                 p.fold(dk, gk, B, L, margin, lo)
