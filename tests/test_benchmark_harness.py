@@ -348,7 +348,7 @@ def test_end_to_end_teacher_beam1(tmp_path):
          "--src-lang", "en", "--tgt-lang", "de", "--system-ckpt", str(teacher / "teacher.pt"),
          "--decoding", "beam=1", "--no-distilled", "--train-wall-s", "5700", "--threads", "2",
          "--latency-sentences", "5", "--warmup-sentences", "1", "--reference-row",
-         "--out", str(out)],
+         "--valid-tune", "--valid-subset", "test", "--out", str(out)],
         capture_output=True, text=True, env=env, cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -364,6 +364,10 @@ def test_end_to_end_teacher_beam1(tmp_path):
     refs = scoring.read_lines(tmp_path / "raw.de")
     assert row["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score, abs=1e-3)
     assert (tmp_path / "results" / "e2e.png").is_file()
+    tune = json.loads((tmp_path / "results" / "e2e" / "valid_tune.json").read_text())["entries"]
+    assert [(e["system"], e["decoding"], e["subset"], e["train_updates"]) for e in tune] == [
+        ("fairseq:transformer", "beam=1", "test", 1300)]
+    assert tune[0]["tok_bleu"] > 20 and 1 < tune[0]["iterations"] < 60
 
 
 def test_descriptive_keys_are_checked_against_the_run():

@@ -112,28 +112,27 @@ def _slow_mask_predict(model, src, T, l, adaptive):
         toks = [model.mask_idx] * n
         probs = [0.0] * n
         steps = 0
+        last = None
         for t in range(T):
             if t == 0:
                 masked = list(range(n))
             else:
                 k = math.floor(n * (T - t) / T)
                 masked = sorted(range(n), key=lambda i: (probs[i], i))[:k]
-                if adaptive and k == 0:
-                    break
+                if adaptive and (k == 0 or sorted(masked) == sorted(last)):
+                    break  # nothing to re-mask, or the last iteration's input again (a loop)
+            last = masked
             inp = list(toks)
             for i in masked:
                 inp[i] = model.mask_idx
             lp = dec(torch.tensor([inp]), eo, normalize=True)[0]
             steps += 1
-            before = list(toks)
             for i in masked:
                 row = lp[i].clone()
                 for f in forbidden:
                     row[f] = -float("inf")
                 toks[i] = int(row.argmax())
                 probs[i] = float(row.max())
-            if adaptive and t > 0 and toks == before:
-                break
         cands.append((sum(probs) / n, toks, steps))
     best = max(range(len(cands)), key=lambda i: (cands[i][0], -i))
     return cands[best][1], cands[best][0], max(c[2] for c in cands)

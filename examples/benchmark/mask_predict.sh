@@ -11,13 +11,16 @@
 # Rows written to $OUT (upserted: other rows are kept):
 #   fairseq:transformer       beam=1, beam=5            the AR teacher (not distilled)
 #   mask_predict              iter=4,len_beam=3         our model, trained on distilled data
-#   mask_predict              iter=10,len_beam=3
+#   mask_predict              iter=10,len_beam=3        (adaptive stopping = loop detection)
 #   fairseq:cmlm_transformer  iter=10,len_beam=3        fairseq's CMLM, distilled data, adaptive
 #                                                       stopping (no --iter-decode-force-max-iter)
 #   reference                 none                      the reference's own repeat rate
 # then the README's results section (between <!-- results:begin --> and <!-- results:end -->)
 # is regenerated from benchmarks/results/*.json and benchmarks/results/mask_predict.png redrawn.
 #
+# Every decoding of our model is first scored on the valid split (--valid-tune ->
+# benchmarks/results/mask_predict/valid_tune.json); MP_DECODINGS (space-separated) overrides the
+# list, e.g. "iter=10,len_beam=3 iter=10,len_beam=5 iter=10,len_beam=3,force_iter=1".
 # Settings (environment; the shared ones -- DATA_BIN, RAW_REF, SRC/TGT, TEACHER_*, THREADS,
 # LATENCY_SENTENCES, LIMIT, OUT, README, CUDA, TRAIN_COMMAND -- are listed in examples/benchmark/lib.sh):
 #   MP_CKPT           default $REPO/runs/mp_ours/checkpoint_avg.pt
@@ -49,9 +52,11 @@ COMMON=("${HARNESS[@]}" --data-bin "$DATA_BIN" --raw-ref "$RAW_REF" --src-lang "
 # shellcheck disable=SC2046  # word splitting of train_stats is intended (no spaces in paths)
 want teacher && bench "${COMMON[@]}" --system-ckpt "$TEACHER_CKPT" --no-distilled \
     --decoding beam=1 --decoding beam=5 $(train_stats TEACHER)
+MP_DECODINGS="${MP_DECODINGS:-iter=4,len_beam=3 iter=10,len_beam=3}"
+MP_FLAGS=(); for d in $MP_DECODINGS; do MP_FLAGS+=(--decoding "$d"); done
 # shellcheck disable=SC2046
-want mp && bench "${COMMON[@]}" --system-ckpt "$MP_CKPT" --distilled \
-    --decoding iter=4,len_beam=3 --decoding iter=10,len_beam=3 $(train_stats MP)
+want mp && bench "${COMMON[@]}" --system-ckpt "$MP_CKPT" --distilled --valid-tune \
+    "${MP_FLAGS[@]}" $(train_stats MP)
 # shellcheck disable=SC2046
 want cmlm && bench "${COMMON[@]}" --system-ckpt "$CMLM_CKPT" --distilled \
     --decoding iter=10,len_beam=3 $(train_stats CMLM)

@@ -19,7 +19,8 @@ reference lines): for smoke tests, not for published numbers.
 
 ``--valid-tune`` first decodes ``--valid-subset`` with every ``--decoding`` and logs its tokenised
 BLEU against the data-bin's own (BPE-removed) valid target, so decoding choices can be made on valid
-data; nothing of it is written to the results.
+data; the scores go to ``<dir of --out>/<benchmark>/valid_tune.json`` (upserted per system, decoding
+and checkpoint), not into the results' rows.
 
 The ``command`` field of the results is this command line, or ``--command`` when given (benchmark
 scripts pass their own invocation there, so that ``command`` reproduces the whole table).
@@ -75,7 +76,8 @@ def build_parser():
     p.add_argument("--reference-row", action="store_true",
                    help="add the reference row (bleu 100, repeat rate of the reference)")
     p.add_argument("--valid-tune", action="store_true",
-                   help="log each decoding's tokenised BLEU on --valid-subset first")
+                   help="first score each decoding on --valid-subset (tokenised BLEU) and record it in "
+                        "<dir of --out>/<benchmark>/valid_tune.json")
     p.add_argument("--valid-subset", default="valid")
     p.add_argument("--generation-option", action="append", default=[], metavar="NAME=VALUE",
                    help="set a further generation option read by the generator (a string), e.g. "
@@ -161,7 +163,32 @@ def _write_lines(path, lines):
     os.replace(tmp, path)
 
 
-def _valid_tune(system, args):
+def valid_tune_path(results_json, benchmark):
+    """``<dir of results_json>/<benchmark>/valid_tune.json``: the decodings' scores on valid."""
+    return os.path.join(os.path.dirname(results_json) or ".", benchmark, "valid_tune.json")
+
+
+def _save_valid_tune(args, entry):
+    """Upsert ``entry`` (keyed by system, decoding, checkpoint) into the valid-tune record."""
+    import json
+
+    path = valid_tune_path(args.out, args.benchmark)
+    entries = []
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            entries = json.load(f)["entries"]
+    key = (entry["system"], entry["decoding"], entry["checkpoint"])
+    entries = [e for e in entries if (e["system"], e["decoding"], e["checkpoint"]) != key] + [entry]
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump({"benchmark": args.benchmark, "note": "tokenised BLEU of each decoding on the data-bin's "
+                   "valid split (BPE removed), used to choose decoding options before test is decoded",
+                   "entries": entries}, f, indent=2)
+        f.write("\n")
+    os.replace(path + ".tmp", path)
+
+
+def _valid_tune(system, args, name, updates):
     from . import inference as inf
 
     task, models = system.task, system.models
@@ -179,9 +206,14 @@ def _valid_tune(system, args):
         hyps = inf.in_order(inf.decode(task, generator, models, batches, system.use_cuda),
                             len(dataset))
         tok = [scoring.remove_bpe(inf.hypothesis_string(h, tgt_dict, generator)) for h in hyps]
+        bleu = scoring.tokenized_bleu(tok, refs).score
+        iters, rep = inf.mean_iterations(hyps, generator), scoring.repeat_rate(tok)
         logger.info("valid-tune %s %s: tok BLEU %.2f, iterations %.2f, repeat rate %.4f",
-                    args.valid_subset, d, scoring.tokenized_bleu(tok, refs).score,
-                    inf.mean_iterations(hyps, generator), scoring.repeat_rate(tok))
+                    args.valid_subset, d, bleu, iters, rep)
+        _save_valid_tune(args, {"system": name, "decoding": d, "checkpoint": _display_path(args.system_ckpt),
+                                "train_updates": int(updates), "subset": args.valid_subset,
+                                "tok_bleu": round(bleu, 2), "iterations": round(iters, 3),
+                                "repeat_rate": round(rep, 4)})
 
 
 def _warn_if_busy():
@@ -221,7 +253,7 @@ def benchmark_system(args, refs, tok_refs, save_row):
     logger.info("system %s (arch %s), %d train updates, %.0f s training", name, arch, updates, wall)
 
     if args.valid_tune:
-        _valid_tune(system, args)
+        _valid_tune(system, args, name, updates)
 
     dataset = inf.load_split(task, args.subset)
     dataset = inf.prefix_dataset(dataset, args.limit)

@@ -5,8 +5,13 @@
 2. Iteration 0 predicts every position from an all-``<mask>`` input.  Iteration ``t = 1..T-1``
    re-masks the ``n_t = floor(N * (T - t) / T)`` lowest-probability tokens (linear decay) and
    predicts them again; unmasked tokens keep their tokens and probabilities.
-3. Adaptive stopping (fairseq's default, off with ``--iter-decode-force-max-iter``): a row whose
-   tokens did not change in an iteration, or whose ``n_t`` is 0, is finished and leaves the batch.
+3. Adaptive stopping (fairseq's default, off with ``--iter-decode-force-max-iter``) detects loops, as
+   fairseq's ``is_a_loop`` does for its CMLM: a row is finished, and leaves the batch, when iteration t
+   would re-mask exactly the positions iteration t-1 re-masked (its input would then equal t-1's input,
+   so its output would equal t-1's output) or nothing at all (``n_t`` = 0).  Stopping as soon as an
+   iteration re-predicts the same tokens (fairseq's criterion for models that rewrite every token) is
+   NOT a loop here, because the next iteration re-masks fewer tokens and so reads more context: on
+   Multi30K it stopped most sentences after the 90%-re-masking pass of T=10 and cost 3.8 BLEU on valid.
 4. The candidate with the best average log-probability is returned.
 
 Rows are processed in groups of similar length (``bucket_ratio``): a batch holds B * l candidates
@@ -107,8 +112,9 @@ class MaskPredictGenerator(NATGeneratorBase):
         steps = torch.zeros(N, dtype=torch.long, device=src_tokens.device)
         active = torch.arange(N, device=src_tokens.device)
         history = [[] for _ in range(N)] if self.retain_history else None
+        last_masked = valid.clone()  # the positions each row re-masked in its last iteration
 
-        ctx = (tokens, probs, lengths, valid, steps, enc_outs, history)
+        ctx = (tokens, probs, lengths, valid, steps, enc_outs, history, last_masked)
         for t in range(T):
             if active.numel() == 0:
                 break
@@ -152,7 +158,7 @@ class MaskPredictGenerator(NATGeneratorBase):
 
     def _iterate(self, t, rows, ctx):
         """Iteration t on ``rows``; updates the shared state, returns the rows still active."""
-        tokens, probs, lengths, valid, steps, enc_outs, history = ctx
+        tokens, probs, lengths, valid, steps, enc_outs, history, last_masked = ctx
         T, models = self.max_iter, self.models
         L = int(lengths[rows].max())
         tok_a, prob_a, len_a = tokens[rows, :L], probs[rows, :L], lengths[rows]
@@ -161,6 +167,8 @@ class MaskPredictGenerator(NATGeneratorBase):
         else:
             masked = lowest_prob_mask(prob_a, len_a, remask_counts(len_a, t, T))
         has_work = masked.any(1)
+        if self.adaptive and t > 0:  # a loop: the same input as the last iteration, the same output
+            has_work &= (masked != last_masked[rows, :L]).any(1)
         if self.adaptive and not bool(has_work.all()):
             keep = has_work.nonzero().squeeze(1)
             rows, tok_a, prob_a, masked = rows[keep], tok_a[keep], prob_a[keep], masked[keep]
@@ -171,8 +179,7 @@ class MaskPredictGenerator(NATGeneratorBase):
         new_tok, new_lp = self._predict(inp, enc_a, masked)
         out_tok = tok_a.masked_scatter(masked, new_tok)
         out_lp = prob_a.masked_scatter(masked, new_lp)
-        changed = (out_tok != tok_a).any(1) | (t == 0)
-        tokens[rows, :L], probs[rows, :L] = out_tok, out_lp
+        tokens[rows, :L], probs[rows, :L], last_masked[rows, :L] = out_tok, out_lp, masked
         steps[rows] += 1
         if history is not None:
             for r, row in enumerate(rows.tolist()):
@@ -181,7 +188,7 @@ class MaskPredictGenerator(NATGeneratorBase):
                     {"input": self._with_eos(inp[r, :n]), "tokens": self._with_eos(out_tok[r, :n]),
                      "masked": masked[r, :n].clone(), "positional_scores": out_lp[r, :n].clone()}
                 )
-        return rows[changed] if self.adaptive else rows
+        return rows
 
     def _with_eos(self, toks):
         return torch.cat([toks, toks.new_full((1,), self.eos)])
