@@ -45,6 +45,8 @@ need_ckpts teacher mp cmlm
 
 # The command recorded in the results: this script with every setting spelled out.
 COMMAND="DATA_BIN=$DATA_BIN RAW_REF=$RAW_REF$(command_settings TEACHER MP CMLM)"
+[[ -n "${MP_DECODINGS:-}" ]] && COMMAND+=" MP_DECODINGS='$MP_DECODINGS'"
+MP_DECODINGS="${MP_DECODINGS:-iter=4,len_beam=3 iter=10,len_beam=3}"
 finish_command
 harness_options
 COMMON=("${HARNESS[@]}" --data-bin "$DATA_BIN" --raw-ref "$RAW_REF" --src-lang "$SRC" --tgt-lang "$TGT")
@@ -52,7 +54,6 @@ COMMON=("${HARNESS[@]}" --data-bin "$DATA_BIN" --raw-ref "$RAW_REF" --src-lang "
 # shellcheck disable=SC2046  # word splitting of train_stats is intended (no spaces in paths)
 want teacher && bench "${COMMON[@]}" --system-ckpt "$TEACHER_CKPT" --no-distilled \
     --decoding beam=1 --decoding beam=5 $(train_stats TEACHER)
-MP_DECODINGS="${MP_DECODINGS:-iter=4,len_beam=3 iter=10,len_beam=3}"
 MP_FLAGS=(); for d in $MP_DECODINGS; do MP_FLAGS+=(--decoding "$d"); done
 # shellcheck disable=SC2046
 want mp && bench "${COMMON[@]}" --system-ckpt "$MP_CKPT" --distilled --valid-tune \
