@@ -402,6 +402,19 @@ def test_training_wall_time_sums_the_runs_of_a_resumed_log(tmp_path):
     assert provenance.training_stats_from_log(log) == (260, 1200.0 + 300.0)
 
 
+def test_training_wall_time_gives_a_process_preamble_to_its_own_run(tmp_path):
+    # a run killed at 20:20, the next process starts hours later and logs an import line BEFORE its config
+    log = tmp_path / "train.log"
+    log.write_text(
+        "2026-11-29 20:00:00 | INFO | fairseq_cli.train | {'_name': None, 'common': {}}\n"
+        "2026-11-29 20:20:00 | INFO | train_inner | epoch 002:  10 / 60 num_updates=200, wall=1200\n"
+        "2026-11-30 09:00:00 | INFO | fairseq.tasks.text_to_speech | Please install tensorboardX\n"
+        "2026-11-30 09:00:02 | INFO | fairseq_cli.train | {'_name': None, 'common': {}}\n"
+        "2026-11-30 09:10:00 | INFO | train_inner | epoch 002:  30 / 60 num_updates=260, wall=0\n"
+    )
+    assert provenance.training_stats_from_log(log) == (260, 1200.0 + 600.0)
+
+
 def test_oracle_results_get_their_own_table(tmp_path):
     import json
 

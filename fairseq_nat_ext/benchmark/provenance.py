@@ -65,7 +65,8 @@ def training_stats_from_state(state):
 
 
 _STAMP_RE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) \| ")
-_RUN_START = "fairseq_cli.train | {"  # fairseq-train logs its whole config when a process starts
+_RUN_START = "fairseq_cli.train | {"
+_PREAMBLE_S = 60  # fairseq-train logs its whole config when a process starts
 
 
 def training_stats_from_log(path):
@@ -74,11 +75,13 @@ def training_stats_from_log(path):
     Updates: the last line with ``num_updates``.  Wall time: summed over the runs of a resumed training
     (each run starts where fairseq-train logs its config), from the first to the last timestamped line
     of each run; a resumed run's own ``wall`` meter restarts (and fairseq logs 0 after a resume), so the
-    meter is used only for logs without timestamps."""
-    from datetime import datetime
+    meter is used only for logs without timestamps.  A process logs a few lines (imports) before its
+    config: lines less than ``_PREAMBLE_S`` seconds before a run's start belong to that run, not to the
+    previous one (which may have been killed hours earlier)."""
+    from datetime import datetime, timedelta
 
     updates = meter = None
-    runs = []  # [first, last] timestamp of each run
+    runs = []  # the timestamps of each run's lines
     with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
             u, w = _UPDATES_RE.search(line), _WALL_RE.search(line)
@@ -87,13 +90,19 @@ def training_stats_from_log(path):
             m = _STAMP_RE.match(line)
             if m:
                 t = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")
-                if _RUN_START in line or not runs:
-                    runs.append([t, t])
-                runs[-1][1] = t
+                if _RUN_START in line and runs:
+                    cut = t - timedelta(seconds=_PREAMBLE_S)
+                    preamble = [x for x in runs[-1] if x >= cut]
+                    runs[-1] = [x for x in runs[-1] if x < cut] or runs[-1][:1]
+                    runs.append(preamble + [t])
+                elif not runs:
+                    runs.append([t])
+                else:
+                    runs[-1].append(t)
     if updates is None:
         return None, None
     if runs:
-        return updates, float(sum((last - first).total_seconds() for first, last in runs))
+        return updates, float(sum((max(r) - min(r)).total_seconds() for r in runs))
     return updates, meter
 
 
