@@ -20,10 +20,10 @@ OUT="$(mkdir -p "${1:-quickstart_out}" && cd "${1:-quickstart_out}" && pwd)"
 PYTHON="${PYTHON:-python}"
 command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"
-TEACHER_UPDATES="${TEACHER_UPDATES:-500}"
-NAT_UPDATES="${NAT_UPDATES:-500}"
+TEACHER_UPDATES="${TEACHER_UPDATES:-400}"
+NAT_UPDATES="${NAT_UPDATES:-300}"
 CORPUS_TRAIN="${CORPUS_TRAIN:-20000}"; CORPUS_TEST="${CORPUS_TEST:-500}"
-LATENCY_SENTENCES="${LATENCY_SENTENCES:-100}"
+LATENCY_SENTENCES="${LATENCY_SENTENCES:-50}"
 NAT_INIT="${NAT_INIT:-teacher}"   # teacher: both NAT runs start from the teacher's weights; none: random
 [[ "$NAT_INIT" == teacher || "$NAT_INIT" == none ]] || { echo "error: NAT_INIT must be teacher or none, got '$NAT_INIT'" >&2; exit 1; }
 say() { echo "[quickstart $(date +%H:%M:%S)] $*" >&2; }
@@ -88,3 +88,4 @@ echo
 "$PYTHON" -m fairseq_nat_ext.benchmark.tables "$RES"
 echo
 "$PYTHON" -m fairseq_nat_ext.data.synthetic_corpus_report "$OUT/raw/test.src" "$RES"
+say "finished: examples/quickstart.sh took ${SECONDS} s (the install of make quickstart not included)"
