@@ -20,8 +20,8 @@ OUT="$(mkdir -p "${1:-quickstart_out}" && cd "${1:-quickstart_out}" && pwd)"
 PYTHON="${PYTHON:-python}"
 command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"
-TEACHER_UPDATES="${TEACHER_UPDATES:-400}"
-NAT_UPDATES="${NAT_UPDATES:-300}"
+TEACHER_UPDATES="${TEACHER_UPDATES:-500}"
+NAT_UPDATES="${NAT_UPDATES:-400}"
 CORPUS_TRAIN="${CORPUS_TRAIN:-20000}"; CORPUS_TEST="${CORPUS_TEST:-500}"
 LATENCY_SENTENCES="${LATENCY_SENTENCES:-50}"
 NAT_INIT="${NAT_INIT:-teacher}"   # teacher: both NAT runs start from the teacher's weights; none: random
