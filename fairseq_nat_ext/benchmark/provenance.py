@@ -65,8 +65,8 @@ def training_stats_from_state(state):
 
 
 _STAMP_RE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) \| ")
-_RUN_START = "fairseq_cli.train | {"
-_PREAMBLE_S = 60  # fairseq-train logs its whole config when a process starts
+_RUN_START = "fairseq_cli.train | {"  # fairseq-train logs its whole config when a process starts
+_PREAMBLE_S = 60  # a process's log lines before its config (imports) come within this many seconds
 
 
 def training_stats_from_log(path):
