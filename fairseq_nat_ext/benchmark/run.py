@@ -179,13 +179,9 @@ def _save_valid_tune(args, entry):
             entries = json.load(f)["entries"]
     key = (entry["system"], entry["decoding"], entry["checkpoint"])
     entries = [e for e in entries if (e["system"], e["decoding"], e["checkpoint"]) != key] + [entry]
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        json.dump({"benchmark": args.benchmark, "note": "tokenised BLEU of each decoding on the data-bin's "
-                   "valid split (BPE removed), used to choose decoding options before test is decoded",
-                   "entries": entries}, f, indent=2)
-        f.write("\n")
-    os.replace(path + ".tmp", path)
+    record = {"benchmark": args.benchmark, "note": "tokenised BLEU of each decoding on the data-bin's valid "
+              "split (BPE removed), used to choose decoding options before test is decoded", "entries": entries}
+    _write_lines(path, json.dumps(record, indent=2).splitlines())  # atomic, like the hypothesis files
 
 
 def _valid_tune(system, args, name, updates):
