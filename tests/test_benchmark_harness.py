@@ -346,16 +346,19 @@ def test_end_to_end_teacher_beam1(tmp_path):
         [sys.executable, "-m", "fairseq_nat_ext.benchmark.run", "--benchmark", "e2e",
          "--data-bin", str(tmp_path / "data-bin"), "--raw-ref", str(tmp_path / "raw.de"),
          "--src-lang", "en", "--tgt-lang", "de", "--system-ckpt", str(teacher / "teacher.pt"),
-         "--decoding", "beam=1", "--no-distilled", "--train-wall-s", "5700", "--threads", "2",
+         "--decoding", "beam=1", "--decoding", "beam=1,dedup=1", "--no-distilled", "--train-wall-s", "5700", "--threads", "2",
          "--latency-sentences", "5", "--warmup-sentences", "1", "--reference-row",
          "--valid-tune", "--valid-subset", "test", "--out", str(out)],
         capture_output=True, text=True, env=env, cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = res.load_results(out)  # validates the schema
-    rows = {r["system"]: r for r in results["rows"]}
-    assert set(rows) == {"fairseq:transformer", "reference"}
-    row = rows["fairseq:transformer"]
+    rows = {(r["system"], r["decoding"]): r for r in results["rows"]}
+    assert set(rows) == {("fairseq:transformer", "beam=1"), ("fairseq:transformer", "beam=1,dedup=1"),
+                         ("reference", "none")}
+    row = rows["fairseq:transformer", "beam=1"]
+    dedup = rows["fairseq:transformer", "beam=1,dedup=1"]
+    assert dedup["bleu"] > 20 and dedup["hyp"] != row["hyp"]
     assert row["decoding"] == "beam=1" and row["train_updates"] == 1300
     assert row["bleu"] > 20, row
     assert 1 < row["iterations"] < 60 and row["latency_ms_b1"] > 0 and row["sent_per_s_b128"] > 0
@@ -366,7 +369,7 @@ def test_end_to_end_teacher_beam1(tmp_path):
     assert (tmp_path / "results" / "e2e.png").is_file()
     tune = json.loads((tmp_path / "results" / "e2e" / "valid_tune.json").read_text())["entries"]
     assert [(e["system"], e["decoding"], e["subset"], e["train_updates"]) for e in tune] == [
-        ("fairseq:transformer", "beam=1", "test", 1300)]
+        ("fairseq:transformer", "beam=1", "test", 1300), ("fairseq:transformer", "beam=1,dedup=1", "test", 1300)]
     assert tune[0]["tok_bleu"] > 20 and 1 < tune[0]["iterations"] < 60
 
 

@@ -68,3 +68,22 @@ def test_unknown_option_value_is_one_line_error(toy_databin):
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]
     assert "--criterion" in last and "invalid choice" in last and "no_such_loss" in last
+
+
+def test_collapse_repeats_option_through_fairseq_generate(trained):
+    data, save = trained
+    common = ["fairseq-generate", data, "--user-dir", PLUGIN_DIR, "--task", "nat_translation",
+              "--path", os.path.join(save, "checkpoint_last.pt"), "--gen-subset", "test",
+              "--batch-size", "16", "--iter-decode-max-iter", "1"]
+    plain = _hyps(run_cli(common).stdout)
+    collapsed = _hyps(run_cli(common + ["--collapse-repeats"]).stdout)
+
+    def slow(text):
+        out = []
+        for w in text.split():
+            if not out or out[-1] != w:
+                out.append(w)
+        return " ".join(out)
+
+    assert any(slow(h) != h for h in plain.values()), "a 40-update model repeats tokens"
+    assert collapsed == {i: slow(h) for i, h in plain.items()}

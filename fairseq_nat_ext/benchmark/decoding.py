@@ -22,11 +22,16 @@ key             fairseq option                   type     used by
 ``order``       task ``--insertion-decoding``    str      Insertion Transformer: parallel/sequential
 ``dir``         (checked: ``SRC-TGT``)           str      a model that translates both ways (KERMIT)
 ``loss``        (checked: the checkpoint's)      str      which training loss the row's model used
+``dedup``       task ``--collapse-repeats``      bool     any system: consecutive repeated tokens of each
+                                                          hypothesis collapsed (by the harness)
 ==============  ===============================  =======  ==========================================
 
 ``order`` is set on the task's config before its generator is built.  ``dir`` and ``loss`` set
 nothing: they name the row, and the harness checks them against the run (``--src-lang``/
-``--tgt-lang``; the checkpoint's ``--insertion-loss``).
+``--tgt-lang``; the checkpoint's ``--insertion-loss``).  ``dedup`` is applied by the harness to the
+hypotheses of every kind of system (fairseq's built-in models and the teacher included, inside the
+timed decoding) with the same function as nat_translation's ``--collapse-repeats``
+(``generators/postprocess.py``).
 
 ``block`` and ``iter`` name the same fairseq option (the Imputer takes exactly B steps), so a string
 gives at most one of them.  ``iter=0`` is allowed for fairseq's IterativeRefinementGenerator, which
@@ -62,6 +67,7 @@ KEYS = {
     "order": ("insertion_decoding", str, "task"),
     "dir": (None, str, "info"),
     "loss": (None, str, "info"),
+    "dedup": ("collapse_repeats", bool, "post"),
 }
 #: allowed values of the string keys (the others: one word)
 CHOICES = {"fertility": ("aligner", "attention"), "order": ("parallel", "sequential"),
@@ -156,12 +162,21 @@ def is_canonical_decoding(text):
 def decoding_kinds(options):
     """The set of generator kinds (``"ar"``, ``"nat"``) the options are meant for (labels, task
     options and row names excluded)."""
-    return {KEYS[k][2] for k in options} - {"label", "task", "info"}
+    return {KEYS[k][2] for k in options} - {"label", "task", "info", "post"}
+
+
+def post_processing(options):
+    """The hypothesis post-processing the options ask for: a function over generate()'s output, or None."""
+    if options.get("dedup"):
+        from fairseq_nat_ext.generators.postprocess import collapse_all
+
+        return collapse_all
+    return None
 
 
 def split_options(options):
     """-> (generation options (ar, nat and label keys), task-config options {cfg field: value},
-    info options {key: value})."""
+    info options {key: value}); post-processing keys are read by :func:`post_processing`."""
     gen = {k: v for k, v in options.items() if KEYS[k][2] in ("ar", "nat", "label")}
     task = {KEYS[k][0]: v for k, v in options.items() if KEYS[k][2] == "task"}
     info = {k: v for k, v in options.items() if KEYS[k][2] == "info"}

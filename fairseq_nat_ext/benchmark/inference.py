@@ -131,9 +131,10 @@ def make_batches(task, models, dataset, batch_size):
     return batches
 
 
-def decode(task, generator, models, batches, use_cuda=False, stopwatch=None):
-    """{dataset id: best hypothesis dict} over ``batches``; times each inference_step in
-    ``stopwatch`` (a :class:`.timing.Stopwatch`) when given."""
+def decode(task, generator, models, batches, use_cuda=False, stopwatch=None, postprocess=None):
+    """{dataset id: best hypothesis dict} over ``batches``; times each inference_step (and
+    ``postprocess``, a function over its output, when given) in ``stopwatch`` (a
+    :class:`.timing.Stopwatch`) when given."""
     from contextlib import nullcontext
 
     from fairseq import utils
@@ -144,6 +145,8 @@ def decode(task, generator, models, batches, use_cuda=False, stopwatch=None):
             sample = utils.move_to_cuda(sample)
         with stopwatch if stopwatch is not None else nullcontext():
             hypos = task.inference_step(generator, models, sample)
+            if postprocess is not None:
+                hypos = postprocess(hypos)
         for i, sid in enumerate(sample["id"].tolist()):
             out[int(sid)] = hypos[i][0]
     return out

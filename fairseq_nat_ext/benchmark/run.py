@@ -198,8 +198,8 @@ def _valid_tune(system, args, name, updates):
             refs[int(sid)] = scoring.remove_bpe(tgt_dict.string(t[t.ne(tgt_dict.pad())].int()))
     refs = [refs[i] for i in range(len(dataset))]
     for d in args.decoding:
-        generator, _ = _build_generator(task, models, d, args, "valid-tune")
-        hyps = inf.in_order(inf.decode(task, generator, models, batches, system.use_cuda),
+        generator, _, post = _build_generator(task, models, d, args, "valid-tune")
+        hyps = inf.in_order(inf.decode(task, generator, models, batches, system.use_cuda, postprocess=post),
                             len(dataset))
         tok = [scoring.remove_bpe(inf.hypothesis_string(h, tgt_dict, generator)) for h in hyps]
         bleu = scoring.tokenized_bleu(tok, refs).score
@@ -269,7 +269,7 @@ def benchmark_system(args, refs, tok_refs, save_row):
     cuda = system.use_cuda
 
     for d in args.decoding:
-        generator, options = _build_generator(task, models, d, args, name)
+        generator, options, post = _build_generator(task, models, d, args, name)
         accepted = getattr(generator, "decoding_keys", None)
         if accepted is not None:  # the generator says which keys it reads (e.g. CTC: beam)
             unused = sorted(set(options) - set(accepted))
@@ -288,14 +288,14 @@ def benchmark_system(args, refs, tok_refs, save_row):
                 )
         _warn_if_busy()
         with torch.no_grad():
-            inf.decode(task, generator, models, warm, cuda)
+            inf.decode(task, generator, models, warm, cuda, postprocess=post)
             lat_watch = Stopwatch(cuda)
             with inf.count_decoder_calls(models) as counter:
-                lat_hyps = inf.decode(task, generator, models, lat_batches, cuda, lat_watch)
-            inf.decode(task, generator, models, warm_big, cuda)
+                lat_hyps = inf.decode(task, generator, models, lat_batches, cuda, lat_watch, post)
+            inf.decode(task, generator, models, warm_big, cuda, postprocess=post)
             thr_watch = Stopwatch(cuda)
             hyps = inf.in_order(
-                inf.decode(task, generator, models, full_batches, cuda, thr_watch), n
+                inf.decode(task, generator, models, full_batches, cuda, thr_watch, post), n
             )
         latency = latency_ms_per_sentence(lat_watch.total, n_lat)
         logger.info(
@@ -323,8 +323,10 @@ def benchmark_system(args, refs, tok_refs, save_row):
 
 
 def _build_generator(task, models, d, args, name):
-    """The task's generator for decoding string ``d`` -> (generator, its generation options)."""
-    options, task_options, info = dec.split_options(dec.parse_decoding(d))
+    """The task's generator for decoding string ``d`` -> (generator, its generation options, the
+    hypothesis post-processing or None)."""
+    parsed = dec.parse_decoding(d)
+    options, task_options, info = dec.split_options(parsed)
     _check_info(info, args, models[0], d)
     for field_name, value in task_options.items():
         if not hasattr(task.cfg, field_name):
@@ -332,7 +334,8 @@ def _build_generator(task, models, d, args, name):
                              f"option {field_name}")
         setattr(task.cfg, field_name, value)
     extra = getattr(args, "generation_extra", {})
-    return task.build_generator(models, dec.generation_options(options, **extra)), options
+    generator = task.build_generator(models, dec.generation_options(options, **extra))
+    return generator, options, dec.post_processing(parsed)
 
 
 def _check_info(info, args, model, d):

@@ -13,6 +13,8 @@
   fairseq's ``--skip-invalid-size-inputs-valid-test`` restore the skipping).
   Generator options that fairseq's generation config lacks are fields of this task's config, read by
   the generator's ``configure(task_cfg)`` (``--insertion-decoding``, ``--npd-samples``, ...).
+* ``--collapse-repeats``: ``inference_step`` (what fairseq-generate calls) collapses consecutive repeated
+  tokens of every hypothesis (``generators/postprocess.py``), whatever the generator.
 * ``--fertility-path DIR`` (the fertility NAT): every split with a ``DIR/{split}.fert`` file
   (``fairseq_nat_ext/data/fertility.py``) is checked against the split (one value per source token,
   summing to the target length; one-line error naming file and line) and its batches carry
@@ -67,6 +69,11 @@ class NATTranslationConfig(TranslationConfig):
         default=None,
         metadata={"help": "autoregressive fairseq checkpoint that scores the noisy parallel decoding "
                           "candidates (one teacher-forced pass); needed when --npd-samples > 1"},
+    )
+    collapse_repeats: bool = field(
+        default=False,
+        metadata={"help": "remove consecutive repeated target tokens (BPE units) from every hypothesis, a "
+                          "common last step of NAT decoding; hypothesis scores are kept"},
     )
 
 
@@ -253,6 +260,15 @@ class NATTranslationTask(TranslationTask):
         if hasattr(gen, "configure"):
             gen.configure(self.cfg)  # generator options that live in the task's config
         return gen
+
+    def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
+        hypos = super().inference_step(generator, models, sample, prefix_tokens=prefix_tokens,
+                                       constraints=constraints)
+        if not getattr(self.cfg, "collapse_repeats", False):
+            return hypos
+        from ..generators.postprocess import collapse_all  # not at import: generators import this module
+
+        return collapse_all(hypos)
 
     def _noisy(self, sample, model):
         noise = getattr(model, "inject_noise", None)
