@@ -21,6 +21,9 @@
 # Every decoding of our model is first scored on the valid split (--valid-tune ->
 # benchmarks/results/mask_predict/valid_tune.json); MP_DECODINGS (space-separated) overrides the
 # list, e.g. "iter=10,len_beam=3 iter=10,len_beam=5 iter=10,len_beam=3,force_iter=1".
+# TEACHER_DECODINGS (default "beam=1 beam=5") and CMLM_DECODINGS (default "iter=10,len_beam=3") do the
+# same for the other two systems, e.g. "... iter=10,len_beam=3,dedup=1" (dedup=1: consecutive repeated
+# tokens collapsed, the same function for every system).
 # Settings (environment; the shared ones -- DATA_BIN, RAW_REF, SRC/TGT, TEACHER_*, THREADS,
 # LATENCY_SENTENCES, LIMIT, OUT, README, CUDA, TRAIN_COMMAND -- are listed in examples/benchmark/lib.sh):
 #   MP_CKPT           default $REPO/runs/mp_ours/checkpoint_avg.pt
@@ -45,21 +48,25 @@ need_ckpts teacher mp cmlm
 
 # The command recorded in the results: this script with every setting spelled out.
 COMMAND="DATA_BIN=$DATA_BIN RAW_REF=$RAW_REF$(command_settings TEACHER MP CMLM)"
-[[ -n "${MP_DECODINGS:-}" ]] && COMMAND+=" MP_DECODINGS='$MP_DECODINGS'"
+for v in MP_DECODINGS TEACHER_DECODINGS CMLM_DECODINGS; do
+  [[ -n "${!v:-}" ]] && COMMAND+=" $v='${!v}'"
+done
 MP_DECODINGS="${MP_DECODINGS:-iter=4,len_beam=3 iter=10,len_beam=3}"
+TEACHER_DECODINGS="${TEACHER_DECODINGS:-beam=1 beam=5}"
+CMLM_DECODINGS="${CMLM_DECODINGS:-iter=10,len_beam=3}"
+decoding_flags() { local d; for d in $1; do printf -- '--decoding %s ' "$d"; done; }
 finish_command
 harness_options
 COMMON=("${HARNESS[@]}" --data-bin "$DATA_BIN" --raw-ref "$RAW_REF" --src-lang "$SRC" --tgt-lang "$TGT")
 
 # shellcheck disable=SC2046  # word splitting of train_stats is intended (no spaces in paths)
 want teacher && bench "${COMMON[@]}" --system-ckpt "$TEACHER_CKPT" --no-distilled \
-    --decoding beam=1 --decoding beam=5 $(train_stats TEACHER)
-MP_FLAGS=(); for d in $MP_DECODINGS; do MP_FLAGS+=(--decoding "$d"); done
+    $(decoding_flags "$TEACHER_DECODINGS") $(train_stats TEACHER)
 # shellcheck disable=SC2046
 want mp && bench "${COMMON[@]}" --system-ckpt "$MP_CKPT" --distilled --valid-tune \
-    "${MP_FLAGS[@]}" $(train_stats MP)
+    $(decoding_flags "$MP_DECODINGS") $(train_stats MP)
 # shellcheck disable=SC2046
 want cmlm && bench "${COMMON[@]}" --system-ckpt "$CMLM_CKPT" --distilled \
-    --decoding iter=10,len_beam=3 $(train_stats CMLM)
+    $(decoding_flags "$CMLM_DECODINGS") $(train_stats CMLM)
 want reference && bench "${COMMON[@]}" --reference-row
 update_tables
