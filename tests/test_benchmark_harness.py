@@ -371,6 +371,17 @@ def test_end_to_end_teacher_beam1(tmp_path):
     assert [(e["system"], e["decoding"], e["subset"], e["train_updates"]) for e in tune] == [
         ("fairseq:transformer", "beam=1", "test", 1300), ("fairseq:transformer", "beam=1,dedup=1", "test", 1300)]
     assert tune[0]["tok_bleu"] > 20 and 1 < tune[0]["iterations"] < 60
+    # --valid-only: the valid scores only; the results file is left as it was (whatever --threads)
+    before = out.read_text()
+    argv = [sys.executable, "-m", "fairseq_nat_ext.benchmark.run", "--benchmark", "e2e",
+            "--data-bin", str(tmp_path / "data-bin"), "--raw-ref", str(tmp_path / "raw.de"), "--src-lang", "en",
+            "--tgt-lang", "de", "--system-ckpt", str(teacher / "teacher.pt"), "--decoding", "beam=2",
+            "--train-wall-s", "5700", "--threads", "1", "--valid-only", "--valid-subset", "test", "--out", str(out)]
+    again = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert out.read_text() == before
+    tune = json.loads((tmp_path / "results" / "e2e" / "valid_tune.json").read_text())["entries"]
+    assert [e["decoding"] for e in tune] == ["beam=1", "beam=1,dedup=1", "beam=2"]
 
 
 def test_descriptive_keys_are_checked_against_the_run():

@@ -78,6 +78,9 @@ def build_parser():
     p.add_argument("--valid-tune", action="store_true",
                    help="first score each decoding on --valid-subset (tokenised BLEU) and record it in "
                         "<dir of --out>/<benchmark>/valid_tune.json")
+    p.add_argument("--valid-only", action="store_true",
+                   help="--valid-tune and nothing else: no test sentence is decoded, no row of --out "
+                        "changes (e.g. to choose decodings or checkpoints while another job uses the CPU)")
     p.add_argument("--valid-subset", default="valid")
     p.add_argument("--generation-option", action="append", default=[], metavar="NAME=VALUE",
                    help="set a further generation option read by the generator (a string), e.g. "
@@ -99,6 +102,10 @@ def _check_args(p, args):
             p.error("--system-ckpt needs at least one --decoding (e.g. beam=5)")
     elif args.decoding:
         p.error("--decoding needs --system-ckpt")
+    if args.valid_only:
+        if not args.system_ckpt or args.reference_row:
+            p.error("--valid-only needs --system-ckpt and no --reference-row")
+        args.valid_tune = True
     try:
         args.decoding = [dec.canonical_decoding(d) for d in args.decoding]
     except ValueError as err:
@@ -250,6 +257,8 @@ def benchmark_system(args, refs, tok_refs, save_row):
 
     if args.valid_tune:
         _valid_tune(system, args, name, updates)
+        if args.valid_only:
+            return
 
     dataset = inf.load_split(task, args.subset)
     dataset = inf.prefix_dataset(dataset, args.limit)
@@ -406,6 +415,9 @@ def main(argv=None):
         refs = refs[: args.limit]
     tok_refs = scoring.tokenize(refs, args.tgt_lang)
     signature = scoring.sacrebleu_score(refs[:1], refs[:1]).signature
+    if args.valid_only:
+        benchmark_system(args, refs, tok_refs, None)
+        return 0
     results = _open_results(args, hardware, command, data, signature)
 
     def save_row(row, sig):
