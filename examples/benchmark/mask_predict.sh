@@ -20,7 +20,9 @@
 #
 # Every decoding of our model is first scored on the valid split (--valid-tune ->
 # benchmarks/results/mask_predict/valid_tune.json); MP_DECODINGS (space-separated) overrides the
-# list, e.g. "iter=10,len_beam=3 iter=10,len_beam=5 iter=10,len_beam=3,force_iter=1".
+# list, e.g. "iter=10,len_beam=3 iter=10,len_beam=5 iter=10,len_beam=3,force_iter=1".  MP_VALID_TUNE=0
+# skips that step when valid_tune.json already holds these decodings of this checkpoint (e.g. scored
+# earlier with `python -m fairseq_nat_ext.benchmark.run --valid-only ...` while another job ran).
 # TEACHER_DECODINGS (default "beam=1 beam=5") and CMLM_DECODINGS (default "iter=10,len_beam=3") do the
 # same for the other two systems, e.g. "... iter=10,len_beam=3,dedup=1" (dedup=1: consecutive repeated
 # tokens collapsed, the same function for every system).
@@ -48,12 +50,13 @@ need_ckpts teacher mp cmlm
 
 # The command recorded in the results: this script with every setting spelled out.
 COMMAND="DATA_BIN=$DATA_BIN RAW_REF=$RAW_REF$(command_settings TEACHER MP CMLM)"
-for v in MP_DECODINGS TEACHER_DECODINGS CMLM_DECODINGS; do
+for v in MP_DECODINGS TEACHER_DECODINGS CMLM_DECODINGS MP_VALID_TUNE; do
   [[ -n "${!v:-}" ]] && COMMAND+=" $v='${!v}'"
 done
 MP_DECODINGS="${MP_DECODINGS:-iter=4,len_beam=3 iter=10,len_beam=3}"
 TEACHER_DECODINGS="${TEACHER_DECODINGS:-beam=1 beam=5}"
 CMLM_DECODINGS="${CMLM_DECODINGS:-iter=10,len_beam=3}"
+MP_TUNE=(--valid-tune); [[ "${MP_VALID_TUNE:-1}" == 0 ]] && MP_TUNE=()
 decoding_flags() { local d; for d in $1; do printf -- '--decoding %s ' "$d"; done; }
 finish_command
 harness_options
@@ -63,7 +66,7 @@ COMMON=("${HARNESS[@]}" --data-bin "$DATA_BIN" --raw-ref "$RAW_REF" --src-lang "
 want teacher && bench "${COMMON[@]}" --system-ckpt "$TEACHER_CKPT" --no-distilled \
     $(decoding_flags "$TEACHER_DECODINGS") $(train_stats TEACHER)
 # shellcheck disable=SC2046
-want mp && bench "${COMMON[@]}" --system-ckpt "$MP_CKPT" --distilled --valid-tune \
+want mp && bench "${COMMON[@]}" --system-ckpt "$MP_CKPT" --distilled ${MP_TUNE[@]+"${MP_TUNE[@]}"} \
     $(decoding_flags "$MP_DECODINGS") $(train_stats MP)
 # shellcheck disable=SC2046
 want cmlm && bench "${COMMON[@]}" --system-ckpt "$CMLM_CKPT" --distilled \
