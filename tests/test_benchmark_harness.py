@@ -342,13 +342,13 @@ def test_end_to_end_teacher_beam1(tmp_path):
         check=True, capture_output=True, env=env,
     )
     out = tmp_path / "results" / "e2e.json"
+    base = [sys.executable, "-m", "fairseq_nat_ext.benchmark.run", "--benchmark", "e2e",
+            "--data-bin", str(tmp_path / "data-bin"), "--raw-ref", str(tmp_path / "raw.de"),
+            "--src-lang", "en", "--tgt-lang", "de", "--system-ckpt", str(teacher / "teacher.pt"),
+            "--train-wall-s", "5700", "--valid-subset", "test", "--out", str(out)]
     proc = subprocess.run(
-        [sys.executable, "-m", "fairseq_nat_ext.benchmark.run", "--benchmark", "e2e",
-         "--data-bin", str(tmp_path / "data-bin"), "--raw-ref", str(tmp_path / "raw.de"),
-         "--src-lang", "en", "--tgt-lang", "de", "--system-ckpt", str(teacher / "teacher.pt"),
-         "--decoding", "beam=1", "--decoding", "beam=1,dedup=1", "--no-distilled", "--train-wall-s", "5700", "--threads", "2",
-         "--latency-sentences", "5", "--warmup-sentences", "1", "--reference-row",
-         "--valid-tune", "--valid-subset", "test", "--out", str(out)],
+        base + ["--decoding", "beam=1", "--decoding", "beam=1,dedup=1", "--no-distilled", "--threads", "2",
+                "--latency-sentences", "5", "--warmup-sentences", "1", "--reference-row", "--valid-tune"],
         capture_output=True, text=True, env=env, cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -373,11 +373,8 @@ def test_end_to_end_teacher_beam1(tmp_path):
     assert tune[0]["tok_bleu"] > 20 and 1 < tune[0]["iterations"] < 60
     # --valid-only: the valid scores only; the results file is left as it was (whatever --threads)
     before = out.read_text()
-    argv = [sys.executable, "-m", "fairseq_nat_ext.benchmark.run", "--benchmark", "e2e",
-            "--data-bin", str(tmp_path / "data-bin"), "--raw-ref", str(tmp_path / "raw.de"), "--src-lang", "en",
-            "--tgt-lang", "de", "--system-ckpt", str(teacher / "teacher.pt"), "--decoding", "beam=2",
-            "--train-wall-s", "5700", "--threads", "1", "--valid-only", "--valid-subset", "test", "--out", str(out)]
-    again = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path)
+    again = subprocess.run(base + ["--decoding", "beam=2", "--threads", "1", "--valid-only"],
+                           capture_output=True, text=True, env=env, cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     assert out.read_text() == before
     tune = json.loads((tmp_path / "results" / "e2e" / "valid_tune.json").read_text())["entries"]

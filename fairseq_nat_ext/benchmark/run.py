@@ -300,11 +300,11 @@ def benchmark_system(args, refs, tok_refs, save_row):
             inf.decode(task, generator, models, warm, cuda, postprocess=post)
             lat_watch = Stopwatch(cuda)
             with inf.count_decoder_calls(models) as counter:
-                lat_hyps = inf.decode(task, generator, models, lat_batches, cuda, lat_watch, post)
+                lat_hyps = inf.decode(task, generator, models, lat_batches, cuda, lat_watch, postprocess=post)
             inf.decode(task, generator, models, warm_big, cuda, postprocess=post)
             thr_watch = Stopwatch(cuda)
             hyps = inf.in_order(
-                inf.decode(task, generator, models, full_batches, cuda, thr_watch, post), n
+                inf.decode(task, generator, models, full_batches, cuda, thr_watch, postprocess=post), n
             )
         latency = latency_ms_per_sentence(lat_watch.total, n_lat)
         logger.info(
@@ -410,14 +410,14 @@ def main(argv=None):
         + (f" (first {args.limit} sentences)" if args.limit else "")
     )
 
+    if args.valid_only:  # valid scores only: the test reference is not read
+        benchmark_system(args, None, None, None)
+        return 0
     refs = scoring.read_lines(args.raw_ref)
     if args.limit:
         refs = refs[: args.limit]
     tok_refs = scoring.tokenize(refs, args.tgt_lang)
     signature = scoring.sacrebleu_score(refs[:1], refs[:1]).signature
-    if args.valid_only:
-        benchmark_system(args, refs, tok_refs, None)
-        return 0
     results = _open_results(args, hardware, command, data, signature)
 
     def save_row(row, sig):
