@@ -13,6 +13,10 @@
 #   --src L --tgt L     language pair; default: the only pair of DATA_BIN/train.L1-L2.*.idx
 #   --workers N         fairseq-preprocess workers (default $WORKERS or 2)
 #   --force             regenerate even when OUT_DIR/train.distill.TGT is up to date
+#   --max-repeat N      drop a pair whose distilled target repeats one token more than N times
+#                       in a row (a looping teacher; default 2, 0 keeps them)
+#   --max-len A,B       drop a pair whose distilled target is longer than A * source + B tokens
+#                       (default 2,10; off keeps them)
 #
 # Steps: fairseq-generate DATA_BIN --path TEACHER --gen-subset train --beam 5 --max-tokens 8000
 # (--user-dir <repo>/fairseq_nat_ext, --num-workers 0, --required-batch-size-multiple 1: with
@@ -25,7 +29,10 @@
 #
 # Output OUT_DIR/data-bin: a fairseq data directory whose train target is the distilled text;
 # the train source, valid, test and the dictionaries are copies of DATA_BIN's files.
-# OUT_DIR/data-bin/DISTILL_INFO.txt records the teacher, beam and source of the targets.
+# The binarised pairs then go through fairseq_nat_ext/data/distill_filter.py (--max-repeat,
+# --max-len): OUT_DIR/train.distill.TGT keeps every line, the training split drops the teacher's
+# degenerate outputs (both sides, order kept).
+# OUT_DIR/data-bin/DISTILL_INFO.txt records the teacher, beam, source of the targets and the filter.
 set -euo pipefail
 
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -47,6 +54,8 @@ SRC=""
 TGT=""
 WORKERS="${WORKERS:-2}"
 FORCE=0
+MAX_REPEAT=2
+MAX_LEN="2,10"
 GEN_EXTRA=()
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -57,6 +66,8 @@ while [[ $# -gt 0 ]]; do
         --tgt) TGT="${2:?--tgt needs a language}"; shift 2 ;;
         --workers) WORKERS="${2:?--workers needs a value}"; shift 2 ;;
         --force) FORCE=1; shift ;;
+        --max-repeat) MAX_REPEAT="${2:?--max-repeat needs a value}"; shift 2 ;;
+        --max-len) MAX_LEN="${2:?--max-len needs A,B or off}"; shift 2 ;;
         -h|--help) usage 0 ;;
         --) shift; GEN_EXTRA=("$@"); break ;;
         --*) die "unknown option $1 (see --help)" ;;
@@ -67,6 +78,8 @@ done
 DATA_BIN="${POSITIONAL[0]}"; TEACHER="${POSITIONAL[1]}"; OUT_DIR="${POSITIONAL[2]}"
 [[ "$BEAM" =~ ^[1-9][0-9]*$ ]] || die "--beam must be a positive integer"
 [[ "$MAX_TOKENS" =~ ^[1-9][0-9]*$ ]] || die "--max-tokens must be a positive integer"
+[[ "$MAX_REPEAT" =~ ^[0-9]+$ ]] || die "--max-repeat must be a non-negative integer, got '$MAX_REPEAT'"
+[[ "$MAX_LEN" == off || "$MAX_LEN" =~ ^[0-9.]+,[0-9.]+$ ]] || die "--max-len must be A,B or off, got '$MAX_LEN'"
 [[ -d "$DATA_BIN" ]] || die "DATA_BIN $DATA_BIN is not a directory"
 DATA_BIN="$(cd "$DATA_BIN" && pwd)"
 
@@ -140,12 +153,17 @@ for f in "$DATA_BIN"/valid*.{bin,idx} "$DATA_BIN"/test*.{bin,idx}; do cp "$f" "$
 shopt -u nullglob
 N_BIN="$("$PYTHON" "$UTILS" count "$TMP" train "$SRC" "$TGT" "$TGT")"
 [[ "$N_BIN" == "$N_SRC" ]] || die "binarised distilled target has $N_BIN sentences, source $N_SRC"
+FILTERED="$(cd "$REPO" && "$PYTHON" -m fairseq_nat_ext.data.distill_filter "$TMP" --src "$SRC" --tgt "$TGT" \
+    --max-repeat "$MAX_REPEAT" --max-len "$MAX_LEN" 2>"$OUT_DIR/filter.log")" \
+    || { grep -v "^INFO" "$OUT_DIR/filter.log" | tail -n 3 >&2; die "filtering the distilled pairs failed (log: $OUT_DIR/filter.log)"; }
+log "train split: $FILTERED"
 grep -h "replaced" "$OUT_DIR/preprocess.log" | sed 's/^.*fairseq_cli.preprocess[^[]*/  /' >&2 || true
 {
     echo "distilled train targets: $ORIGIN"
     echo "teacher: $TEACHER"
     echo "original data: $DATA_BIN ($SRC -> $TGT, $N_SRC training sentences)"
     echo "train source, valid, test and dictionaries copied from the original data"
+    echo "filter (--max-repeat $MAX_REPEAT --max-len $MAX_LEN): $FILTERED"
 } >"$TMP/DISTILL_INFO.txt"
 rm -rf "$BIN"
 mv "$TMP" "$BIN"

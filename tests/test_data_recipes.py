@@ -284,6 +284,37 @@ def test_distill_with_given_distilled_file(prepared, tmp_path):
     assert _error_lines(proc.stderr) == [f"error: {bad} has 299 lines but the source side has 300"]
 
 
+def test_distill_drops_degenerate_teacher_outputs(prepared, tmp_path):
+    """A looping line and an over-long line leave the binarised train split (both sides, order kept);
+    the text file keeps every line; the filter's count reaches DISTILL_INFO.txt; --max-repeat 0
+    --max-len off keeps everything."""
+    _, out, _ = prepared
+    data_bin = out / "data-bin"
+    refs = _lines(out / "bpe" / "train.tgt")
+    srcs = _decode(str(data_bin), "train", "src")
+    distilled = list(refs)
+    x, y = refs[3].split()[:2]  # tokens of the dictionary
+    distilled[3] = " ".join([x, y, y, y] + refs[3].split()[2:])  # y 3 times in a row: looping
+    distilled[7] = " ".join([x] * 2 + [y, x] * (len(srcs[7].split()) + 6))  # runs of 2, > 2 * source + 10
+    gz = _write(tmp_path / "kd.txt.gz", ("\n".join(distilled) + "\n").encode(), gz=True)
+    kd = tmp_path / "kd"
+    proc = _bash("distill.sh", data_bin, "-", kd, "--distilled", gz, "--workers", "1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert _lines(kd / "train.distill.tgt") == distilled
+    keep = [i for i in range(len(refs)) if i not in (3, 7)]
+    assert _decode(str(kd / "data-bin"), "train", "tgt") == [distilled[i] for i in keep]
+    assert _decode(str(kd / "data-bin"), "train", "src") == [srcs[i] for i in keep]
+    info = (kd / "data-bin" / "DISTILL_INFO.txt").read_text()
+    assert "kept 298 of 300 pairs (1 repeat a token more than 2 times in a row; 1 are longer than 2 x source + 10)" in info
+    proc = _bash("distill.sh", data_bin, "-", tmp_path / "kd_all", "--distilled", gz, "--workers", "1",
+                 "--max-repeat", "0", "--max-len", "off")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert _decode(str(tmp_path / "kd_all" / "data-bin"), "train", "tgt") == distilled
+    proc = _bash("distill.sh", data_bin, "-", tmp_path / "kd_bad", "--distilled", gz, "--max-len", "2")
+    assert proc.returncode == 1
+    assert _error_lines(proc.stderr) == ["error: --max-len must be A,B or off, got '2'"]
+
+
 @pytest.mark.slow
 def test_train_teacher_and_distill_by_generation(prepared, tmp_path):
     """Tiny teacher through train_teacher.sh (+ averaging), then distill.sh's generation path."""
