@@ -15,6 +15,7 @@ from fairseq.models import register_model, register_model_architecture
 from fairseq.models.nat import FairseqNATDecoder
 from fairseq.models.transformer import base_architecture as transformer_base_architecture
 
+from ...modules.vocab_projection import vocab_logits
 from ...tasks.nat_translation import MASK_SYMBOL
 from .base import SMALL, TINY, PluginNATModel, arch_defaults
 
@@ -103,7 +104,7 @@ class MaskPredictDecoder(FairseqNATDecoder):
         )
         if select is not None:
             feats = feats[select]
-        out = self.output_layer(feats)
+        out = vocab_logits(self, feats)
         return F.log_softmax(out, -1) if normalize else out
 
 
