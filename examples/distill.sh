@@ -155,7 +155,7 @@ N_BIN="$("$PYTHON" "$UTILS" count "$TMP" train "$SRC" "$TGT" "$TGT")"
 [[ "$N_BIN" == "$N_SRC" ]] || die "binarised distilled target has $N_BIN sentences, source $N_SRC"
 FILTERED="$(cd "$REPO" && "$PYTHON" -m fairseq_nat_ext.data.distill_filter "$TMP" --src "$SRC" --tgt "$TGT" \
     --max-repeat "$MAX_REPEAT" --max-len "$MAX_LEN" 2>"$OUT_DIR/filter.log")" \
-    || { grep -v "^INFO" "$OUT_DIR/filter.log" | tail -n 3 >&2; die "filtering the distilled pairs failed (log: $OUT_DIR/filter.log)"; }
+    || { grep -m1 "^error:" "$OUT_DIR/filter.log" >&2 || die "filtering the distilled pairs failed (log: $OUT_DIR/filter.log)"; exit 1; }
 log "train split: $FILTERED"
 grep -h "replaced" "$OUT_DIR/preprocess.log" | sed 's/^.*fairseq_cli.preprocess[^[]*/  /' >&2 || true
 {

@@ -328,9 +328,16 @@ def test_train_teacher_and_distill_by_generation(prepared, tmp_path):
     assert avg == f"{save}/checkpoint_avg.pt" and os.path.isfile(avg)
     assert "averaged 2 checkpoints (checkpoint1.pt, checkpoint2.pt)" in proc.stderr
     kd = tmp_path / "kd"
+    # the 30-update teacher loops on everything: keep its outputs (the filter is tested above)
     proc = _bash("distill.sh", out / "data-bin", avg, kd, "--beam", "1", "--workers", "1",
-                 "--", "--max-len-a", "0", "--max-len-b", "8")
+                 "--max-repeat", "0", "--max-len", "off", "--", "--max-len-a", "0", "--max-len-b", "8")
     assert proc.returncode == 0, proc.stderr[-3000:]
     hyps = _lines(kd / "train.distill.tgt")
     assert len(hyps) == 300  # all sentences, in order, none dropped by fairseq's batching
     assert _decode(str(kd / "data-bin"), "train", "tgt") == hyps
+    # with the default filter every looping output would go: a one-line error, not an empty split
+    proc = _bash("distill.sh", out / "data-bin", avg, tmp_path / "kd_all_dropped", "--beam", "1", "--workers", "1",
+                 "--max-repeat", "1", "--max-len", "0,0", "--", "--max-len-a", "0", "--max-len-b", "8")
+    assert proc.returncode == 1
+    errors = _error_lines(proc.stderr)
+    assert len(errors) == 1 and "train.src-tgt.tgt: the filter would drop all 300 pairs" in errors[0], proc.stderr

@@ -46,3 +46,27 @@ def test_options_and_message():
     assert describe(counts, 2, (2.0, 10.0)) == (
         "kept 7 of 10 pairs (2 repeat a token more than 2 times in a row; 2 are longer than 2 x source + 10)")
     assert describe(counts, 0, None) == "kept 7 of 10 pairs (no filter)"
+
+
+def test_dropping_every_pair_is_an_error(tmp_path):
+    """A split whose every target is degenerate gives a clear error instead of an empty dataset."""
+    import pytest
+    import torch
+    from fairseq.data import Dictionary, indexed_dataset
+
+    from fairseq_nat_ext.data.distill_filter import filter_split
+
+    d = Dictionary()
+    for w in "abc":
+        d.add_symbol(w)
+    for lang in ("en", "de"):
+        d.save(str(tmp_path / f"dict.{lang}.txt"))
+        builder = indexed_dataset.make_builder(str(tmp_path / f"train.en-de.{lang}.bin"), impl="mmap",
+                                               vocab_size=len(d))
+        for _ in range(3):
+            builder.add_item(torch.IntTensor([d.index("a")] * (3 if lang == "de" else 1) + [d.eos()]))
+        builder.finalize(str(tmp_path / f"train.en-de.{lang}.idx"))
+    with pytest.raises(ValueError, match="would drop all 3 pairs .3 looping"):
+        filter_split(str(tmp_path), "en", "de", max_repeat=2)
+    counts = filter_split(str(tmp_path), "en", "de", max_repeat=3)
+    assert counts == {"pairs": 3, "kept": 3, "looping": 0, "too_long": 0}

@@ -87,6 +87,10 @@ def filter_split(data_bin: str, src: str, tgt: str, split: str = "train", max_re
     src_lens = np.array([len(_content(data[src][i], dicts[src].eos())) for i in range(n)])
     looping, too_long = degenerate(src_lens, targets, max_repeat, max_len)
     keep = ~(looping | too_long)
+    if n and not keep.any():
+        raise ValueError(f"{prefixes[tgt]}: the filter would drop all {n} pairs ({int(looping.sum())} looping, "
+                         f"{int(too_long.sum())} too long): the teacher's outputs are degenerate; "
+                         "--max-repeat 0 --max-len off keeps them")
     if not keep.all():
         for lang, prefix in prefixes.items():
             tmp = prefix + ".filtered"
