@@ -77,3 +77,39 @@ def test_speed_curves_are_drawn(tmp_path):
                                 + [_speed_row("local", 512, 0, 0, oom=True)]}))
     attention_plots.main(["curves", str(path), str(tmp_path / "curves.png")])
     assert (tmp_path / "curves.png").stat().st_size > 10_000
+
+
+def test_listops_table_and_train_seconds(tmp_path):
+    """The ListOps results render as a README table (accuracy, majority rate, margin in points, the
+    no-brackets ablation named), fractions outside [0, 1] are refused, and the seconds per update come
+    from the sum of fairseq's per-epoch train_wall, not from the last epoch's alone."""
+    from fairseq_nat_ext.benchmark import tables
+    from fairseq_nat_ext.benchmark.attention_listops import _train_seconds
+
+    log = tmp_path / "train.log"
+    log.write_text(
+        "2026-11-30 20:44:33 | INFO | train_inner | epoch 001:     50 / 625 loss=3.3, train_wall=13, wall=16\n"
+        "2026-11-30 20:47:17 | INFO | train | epoch 001 | loss 2.6 | num_updates 625 | train_wall 173 | wall 180\n"
+        "2026-11-30 20:50:18 | INFO | train | epoch 002 | loss 2.4 | num_updates 1250 | train_wall 176 | wall 360\n"
+        "2026-11-30 20:51:30 | INFO | train | epoch 003 | loss 2.3 | num_updates 1500 | train_wall 74 | wall 436\n")
+    assert _train_seconds(str(log)) == 173 + 176 + 74
+    rows = [{"variant": "full", "options": {}, "max_length": 513, "accuracy": 0.376, "majority_rate": 0.179,
+             "train_updates": 1500, "sec_per_update": 0.282},
+            {"variant": "local", "options": {"attention_window": 64}, "max_length": 513, "accuracy": 0.25,
+             "majority_rate": 0.179, "train_updates": 1500, "sec_per_update": None},
+            {"variant": "full", "options": {"brackets": False}, "max_length": 513, "accuracy": 0.2,
+             "majority_rate": 0.18, "train_updates": 1500, "sec_per_update": 0.3}]
+    path = tmp_path / "attention_listops.json"
+    top = {"benchmark": "attention_listops", "hardware": "cpu", "threads": 2, "command": "x"}
+    path.write_text(json.dumps(dict(top, rows=rows)))
+    text = tables.markdown_tables([str(path)])
+    assert "| `full` | – | 513 | 37.6 | 17.9 | +19.7 | 1500 | 0.282 |" in text
+    assert "| `local` | attention_window=64 | 513 | 25.0 | 17.9 | +7.1 | 1500 | – |" in text
+    assert "| `full` | no brackets (ablation) | 513 | 20.0 | 18.0 | +2.0 | 1500 | 0.300 |" in text
+    path.write_text(json.dumps(dict(top, rows=[dict(rows[0], accuracy=37.6)])))  # a percentage, not a fraction
+    try:
+        tables.markdown_tables([str(path)])
+    except ValueError as err:
+        assert "rows[0].accuracy" in str(err) and "attention_listops.json" in str(err)
+    else:
+        raise AssertionError("an accuracy outside [0, 1] must be refused")

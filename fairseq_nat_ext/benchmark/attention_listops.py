@@ -64,6 +64,16 @@ def max_length(data_dir):
     return longest
 
 
+def _train_seconds(log):
+    """Training time without validation: the sum of fairseq's per-epoch ``train_wall`` (each epoch-end
+    "| train | epoch N |" line holds that epoch's own time; the last line alone covers only the last
+    epoch).  For a run that was killed and resumed mid-epoch the sum is approximate."""
+    with open(log, encoding="utf-8", errors="replace") as f:
+        walls = [float(m.group(1)) for line in f if "| train | epoch" in line
+                 for m in [re.search(r"train_wall[ =|]+([0-9.]+)", line)] if m]
+    return sum(walls) or None
+
+
 def run_variant(name, options, data_dir, save_dir, args, max_pos):
     variant = options.get("encoder_attention_type", name)
     opts = {k: v for k, v in options.items() if k != "encoder_attention_type"}
@@ -87,8 +97,8 @@ def run_variant(name, options, data_dir, save_dir, args, max_pos):
     if not m:
         raise RuntimeError(f"no accuracy in fairseq-validate output for {name}:\n{proc.stderr[-2000:]}")
     updates, wall = training_stats_from_log(log)
-    train_wall = re.findall(r"train_wall[ =|]+([0-9.]+)", open(log).read())
-    sec = float(train_wall[-1]) / updates if train_wall and updates else (wall / updates if wall and updates else None)
+    sec = _train_seconds(log)
+    sec = sec / updates if sec and updates else (wall / updates if wall and updates else None)
     return {"variant": variant, "options": opts, "max_length": max_pos, "accuracy": float(m[-1]) / 100.0,
             "train_updates": updates, "sec_per_update": round(sec, 3) if sec else None}
 

@@ -90,3 +90,46 @@ def markdown_table(results):
               "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     lines += ["| " + " | ".join(cells) + " |" for cells in bar_rows(table)]
     return "\n".join(lines) + "\n"
+
+
+# ---- ListOps accuracy (benchmark/attention_listops.py) -------------------------------------------------
+
+LISTOPS_KEYS = ("variant", "options", "max_length", "accuracy", "majority_rate", "train_updates", "sec_per_update")
+
+
+def is_attention_listops(obj):
+    return obj.get("benchmark") == "attention_listops"
+
+
+def check_listops_results(obj, path):
+    check_timing_results(obj, path, LISTOPS_KEYS)
+    for i, row in enumerate(obj["rows"]):
+        for key in ("accuracy", "majority_rate"):
+            if not 0.0 <= row[key] <= 1.0:
+                raise ValueError(f"{path}: rows[{i}].{key}: {row[key]} is not a fraction in [0, 1]")
+    return obj
+
+
+def _options(row):
+    opts = row["options"]
+    if opts.get("brackets") is False:
+        return "no brackets (ablation)"
+    return ", ".join(f"{k}={v}" for k, v in opts.items()) or DASH
+
+
+def listops_table(results):
+    """One row per trained variant: accuracy, the majority-class rate of its test split, the margin in
+    points, the budget and the training time per update."""
+    lines = [f"### {results['benchmark']}", "",
+             f"- hardware: {results['hardware']}, {results['threads']} torch thread(s)",
+             f"- command: `{results['command']}`",
+             "- test accuracy of the last checkpoint; every row has the same number of updates", "",
+             "| variant | options | max length | accuracy (%) | majority class (%) | margin (points) | updates | "
+             "s / update |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in results["rows"]:
+        sec = DASH if r["sec_per_update"] is None else f"{r['sec_per_update']:.3f}"
+        lines.append(f"| `{r['variant']}` | {_options(r)} | {r['max_length']} | {100 * r['accuracy']:.1f} | "
+                     f"{100 * r['majority_rate']:.1f} | {100 * (r['accuracy'] - r['majority_rate']):+.1f} | "
+                     f"{r['train_updates']} | {sec} |")
+    return "\n".join(lines) + "\n"

@@ -93,6 +93,8 @@ def _load_any(path):
         obj = json.load(f)
     if obj.get("benchmark") == "oracle":
         return check_oracle_results(obj, str(path)), oracle_table
+    if attention_results.is_attention_listops(obj):
+        return attention_results.check_listops_results(obj, str(path)), attention_results.listops_table
     if attention_results.is_attention_speed(obj):
         return attention_results.check_results(obj, str(path)), attention_results.markdown_table
     if pointer_results.is_pointer_results(obj):
