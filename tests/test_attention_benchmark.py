@@ -82,7 +82,8 @@ def test_speed_curves_are_drawn(tmp_path):
 def test_listops_table_and_train_seconds(tmp_path):
     """The ListOps results render as a README table (accuracy, majority rate, margin in points, the
     no-brackets ablation named), fractions outside [0, 1] are refused, and the seconds per update come
-    from the sum of fairseq's per-epoch train_wall, not from the last epoch's alone."""
+    from the sum of fairseq's per-epoch train_wall, not from the last epoch's alone (an epoch
+    logged again by a resumed run counts once)."""
     from fairseq_nat_ext.benchmark import tables
     from fairseq_nat_ext.benchmark.attention_listops import _train_seconds
 
@@ -91,7 +92,8 @@ def test_listops_table_and_train_seconds(tmp_path):
         "2026-11-30 20:44:33 | INFO | train_inner | epoch 001:     50 / 625 loss=3.3, train_wall=13, wall=16\n"
         "2026-11-30 20:47:17 | INFO | train | epoch 001 | loss 2.6 | num_updates 625 | train_wall 173 | wall 180\n"
         "2026-11-30 20:50:18 | INFO | train | epoch 002 | loss 2.4 | num_updates 1250 | train_wall 176 | wall 360\n"
-        "2026-11-30 20:51:30 | INFO | train | epoch 003 | loss 2.3 | num_updates 1500 | train_wall 74 | wall 436\n")
+        "2026-11-30 20:51:30 | INFO | train | epoch 003 | loss 2.3 | num_updates 1500 | train_wall 74 | wall 436\n"
+        "2026-11-30 20:59:45 | INFO | train | epoch 003 | loss 2.3 | num_updates 1501 | train_wall 74 | wall 0\n")
     assert _train_seconds(str(log)) == 173 + 176 + 74
     rows = [{"variant": "full", "options": {}, "max_length": 513, "accuracy": 0.376, "majority_rate": 0.179,
              "train_updates": 1500, "sec_per_update": 0.282},
@@ -113,3 +115,31 @@ def test_listops_table_and_train_seconds(tmp_path):
         assert "rows[0].accuracy" in str(err) and "attention_listops.json" in str(err)
     else:
         raise AssertionError("an accuracy outside [0, 1] must be refused")
+
+
+def test_listops_finished_variant_is_not_trained_again(tmp_path, monkeypatch):
+    """fairseq-train on a finished checkpoint makes one more update (1,501 of a 1,500 budget): a variant
+    whose log shows the budget reached is only validated."""
+    import argparse
+    import subprocess
+
+    from fairseq_nat_ext.benchmark import attention_listops
+
+    save = tmp_path / "full"
+    save.mkdir()
+    (save / "checkpoint_last.pt").write_bytes(b"")
+    (save / "train.log").write_text(
+        "2026-11-30 20:51:30 | INFO | train | epoch 003 | loss 2.3 | num_updates 1500 | train_wall 74 | wall 436\n")
+    calls = []
+
+    def fake_run(cmd, **kwargs):
+        calls.append(cmd[0])
+        return subprocess.CompletedProcess(cmd, 0, stdout="| test | accuracy 37.6 |", stderr="")
+
+    monkeypatch.setattr(attention_listops.subprocess, "run", fake_run)
+    args = argparse.Namespace(batch_size=32, threads=1, lr=1e-3, max_update=1500)
+    row = attention_listops.run_variant("full", {}, str(tmp_path), str(save), args, 513)
+    assert calls == ["fairseq-validate"] and row["accuracy"] == 0.376 and row["train_updates"] == 1500
+    args.max_update = 2000  # a larger budget trains on
+    attention_listops.run_variant("full", {}, str(tmp_path), str(save), args, 513)
+    assert calls[1:] == ["fairseq-train", "fairseq-validate"]

@@ -9,7 +9,8 @@ variant settings scaled to the data's length) for exactly ``--max-update`` updat
 ``fairseq-validate`` of the last checkpoint on the test split.  ``sec_per_update`` is the training
 wall time of the log divided by the updates.  Also: the majority-class rate of the test split and a
 ``full`` row trained on the no-brackets ablation (``variant: "full"``, ``options: {"brackets": false}``).
-Runs resume: a variant whose checkpoint reached the budget is only re-validated.
+Runs resume: a variant whose log shows the budget reached is not trained again (fairseq-train
+would make one more update on a finished checkpoint), only re-validated.
 """
 
 import argparse
@@ -65,13 +66,17 @@ def max_length(data_dir):
 
 
 def _train_seconds(log):
-    """Training time without validation: the sum of fairseq's per-epoch ``train_wall`` (each epoch-end
-    "| train | epoch N |" line holds that epoch's own time; the last line alone covers only the last
-    epoch).  For a run that was killed and resumed mid-epoch the sum is approximate."""
+    """Training time without validation: the sum over epochs of fairseq's per-epoch ``train_wall`` (each
+    epoch-end "| train | epoch N |" line holds that epoch's own time; the last line alone covers only the
+    last epoch).  A resumed run restores its meters from the checkpoint and logs the epoch it resumed in
+    again, with the whole epoch's time: the last line of each epoch counts."""
+    per_epoch = {}
     with open(log, encoding="utf-8", errors="replace") as f:
-        walls = [float(m.group(1)) for line in f if "| train | epoch" in line
-                 for m in [re.search(r"train_wall[ =|]+([0-9.]+)", line)] if m]
-    return sum(walls) or None
+        for line in f:
+            m = re.search(r"\| train \| epoch (\d+) \|.*?train_wall[ =|]+([0-9.]+)", line)
+            if m:
+                per_epoch[int(m.group(1))] = float(m.group(2))
+    return sum(per_epoch.values()) or None
 
 
 def run_variant(name, options, data_dir, save_dir, args, max_pos):
@@ -88,8 +93,11 @@ def run_variant(name, options, data_dir, save_dir, args, max_pos):
         "--warmup-updates", str(min(200, args.max_update // 5)), "--weight-decay", "0.01", "--clip-norm", "1.0",
         "--max-update", str(args.max_update), "--save-dir", save_dir, "--no-epoch-checkpoints",
         "--log-format", "simple", "--log-interval", "50", "--seed", "1"] + flags(opts)
-    with open(log, "a") as f:
-        subprocess.run(train, stdout=f, stderr=subprocess.STDOUT, env=env, check=True)
+    done = os.path.exists(os.path.join(save_dir, "checkpoint_last.pt")) and os.path.exists(log) \
+        and (training_stats_from_log(log)[0] or 0) >= args.max_update
+    if not done:  # fairseq-train on a finished checkpoint would still make one more update
+        with open(log, "a") as f:
+            subprocess.run(train, stdout=f, stderr=subprocess.STDOUT, env=env, check=True)
     proc = subprocess.run(["fairseq-validate"] + common + ["--path", os.path.join(save_dir, "checkpoint_last.pt"),
                                                            "--valid-subset", "test"],
                           capture_output=True, text=True, env=env, check=True)
