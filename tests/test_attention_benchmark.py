@@ -143,3 +143,22 @@ def test_listops_finished_variant_is_not_trained_again(tmp_path, monkeypatch):
     args.max_update = 2000  # a larger budget trains on
     attention_listops.run_variant("full", {}, str(tmp_path), str(save), args, 513)
     assert calls[1:] == ["fairseq-train", "fairseq-validate"]
+
+
+def test_listops_bubble_chart_maps_linear_to_its_feature_map(tmp_path, capsys):
+    """The LRA-style chart finds linear attention's speed row by its feature map (linear_elu) and says
+    which rows it could not place."""
+    from fairseq_nat_ext.benchmark.attention_plots import draw_bubble
+
+    speed = tmp_path / "speed.json"
+    speed.write_text(json.dumps({"rows": [_speed_row("full", 4096, 1000, 50), _speed_row("linear_elu", 4096, 200, 30)]}))
+    acc = tmp_path / "listops.json"
+    row = {"max_length": 513, "accuracy": 0.37, "majority_rate": 0.18, "train_updates": 10, "sec_per_update": 0.1}
+    acc.write_text(json.dumps({"rows": [dict(row, variant="full", options={}),
+                                        dict(row, variant="linear", options={"feature_map": "elu"}),
+                                        dict(row, variant="lsh", options={})]}))
+    out = tmp_path / "bubble.png"
+    draw_bubble(str(speed), str(acc), str(out))
+    assert out.stat().st_size > 0
+    err = capsys.readouterr().err
+    assert "lsh: no speed row" in err and "linear_elu" not in err

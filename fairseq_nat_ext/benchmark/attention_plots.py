@@ -96,12 +96,20 @@ def draw_bubble(speed_json, listops_json, out, n=4096):
     for row in acc:
         if row["options"].get("brackets") is False:
             continue
-        s = at_n.get(row["variant"])
+        name = row["variant"]
+        if name == "linear":  # the speed study names linear attention by its feature map
+            name = f"linear_{row['options'].get('feature_map', 'elu')}"
+        s = at_n.get(name)
         if s is None:
+            print(f"[attention_plots] {name}: no speed row at n={n}, not drawn", file=sys.stderr)
             continue
         x, y = base / s["fwd_bwd_ms"], 100 * row["accuracy"]
         ax.scatter([x], [y], s=max(20.0, s["peak_mem_mb"]), alpha=0.5)
-        ax.annotate(row["variant"], (x, y), fontsize=8, ha="center")
+        ax.annotate(name, (x, y), fontsize=8, ha="center")
+    majority = [r["majority_rate"] for r in acc if r["options"].get("brackets") is not False]
+    if majority:
+        ax.axhline(100 * majority[0], color="grey", linestyle="--", linewidth=1, label="majority class")
+        ax.legend(loc="lower right", fontsize=8)
     ax.set_xscale("log")
     ax.set_xlabel(f"speed relative to full (forward+backward, n = {n})")
     ax.set_ylabel("ListOps test accuracy (%)")
