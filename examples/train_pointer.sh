@@ -14,7 +14,8 @@
 #   CLIP_NORM         gradient clipping [2.0, as in Vinyals et al.]
 #   SEED [1]  THREADS (torch/OMP threads) [2]
 # Checkpoints: SAVE_DIR/checkpoint_best.pt (lowest valid loss, validated every epoch) and
-# checkpoint_last.pt; training resumes from checkpoint_last.pt (a finished run returns at once);
+# checkpoint_last.pt; training resumes from checkpoint_last.pt (on a finished run fairseq-train
+# makes one more update: benchmark/pointer.py does not start it again);
 # log: SAVE_DIR/train.log.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -87,3 +87,23 @@ def test_cli_rejects_unknown_experiment_arch_and_beam(capsys):
     err = capsys.readouterr().err
     assert "unknown experiment 'hull7'" in err and "unknown arch 'lstm'" in err and "--beams 'x'" in err
     assert err.count("\n") == 1
+
+
+def test_finished_training_is_not_started_again(tmp_path):
+    """fairseq-train on a finished checkpoint makes one more update: the train stage keeps a model whose
+    last run ended ("done training") under the same budget, and trains a killed run or a larger budget on."""
+    from fairseq_nat_ext.benchmark.pointer import finished
+
+    save = tmp_path / "ckpt"
+    save.mkdir()
+    log = save / "train.log"
+    head = "# train_pointer.sh PROBLEM=tsp ARCH=pointer_lstm MAX_UPDATE=20000 STOP_TIME_HOURS=0.6 BATCH_SIZE=128\n"
+    log.write_text(head + "2026-11-30 20:42:23 | INFO | fairseq_cli.train | done training in 2156.4 seconds\n")
+    budget = "MAX_UPDATE=20000 STOP_TIME_HOURS=0.6"
+    assert not finished(str(save), budget), "no checkpoint_last.pt"
+    (save / "checkpoint_last.pt").write_bytes(b"")
+    assert finished(str(save), budget)
+    assert not finished(str(save), "MAX_UPDATE=20000 STOP_TIME_HOURS=1.0"), "a larger budget trains on"
+    assert not finished(str(save), "MAX_UPDATE=2000 STOP_TIME_HOURS=0.6")
+    log.write_text(log.read_text() + head + "2026-11-30 21:00:00 | INFO | train_inner | num_updates=100\n")
+    assert not finished(str(save), budget), "the last run was killed"

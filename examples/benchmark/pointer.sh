@@ -26,7 +26,7 @@
 # Data generation is single-threaded: about 1 min per 100000 hulls of 50 points; TSP 5-20 needs LKH
 # (about 10-15 ms per instance of n > 12), so 100000 examples take roughly 10-15 min.
 # Budgets go into the results' "command".  Reruns resume: existing data files are kept, training
-# resumes from checkpoint_last.pt (a finished model returns at once), rows are upserted.
+# resumes from checkpoint_last.pt (a finished model is not started again), rows are upserted.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$REPO"

@@ -22,7 +22,7 @@ Stages:
   (:mod:`fairseq_nat_ext.data.pointer_geometry`; TSP references: Held-Karp up to n = 12, LKH above).
 * ``train``: ``examples/train_pointer.sh`` per experiment and arch into ``WORK/ckpt/<exp>_<arch>``
   (budgets from the environment: ``MAX_UPDATE``, ``STOP_TIME_HOURS``, ``BATCH_SIZE``, ...; fairseq
-  resumes from ``checkpoint_last.pt``, so a finished run returns at once).
+  resumes from ``checkpoint_last.pt``; a finished run is not started again).
 * ``eval``: every checkpoint (``checkpoint_best.pt``, else ``checkpoint_last.pt``) decodes every test
   set with each ``--beams`` width; one row per (experiment, arch, n test, beam) is upserted into
   ``--out`` (schema: :mod:`.pointer_results`), and ``<out dir>/pointer/<problem>.png`` shows a few
@@ -85,11 +85,28 @@ def stage_data(args, exps):
             _write(problem, n, args.test_size, TEST_SEED_BASE + n, path, args.lkh_runs)
 
 
+def finished(save, budget):
+    """Whether the training in ``save`` already ended under this ``budget`` ("MAX_UPDATE=... STOP_TIME_HOURS=..."
+    as the recipe writes it): checkpoint_last.pt exists and the last run in train.log had the same budget and
+    ended with fairseq-train's "done training" line (a killed run did not; a larger budget trains on)."""
+    log = os.path.join(save, "train.log")
+    if not (os.path.exists(os.path.join(save, "checkpoint_last.pt")) and os.path.exists(log)):
+        return False
+    with open(log, encoding="utf-8", errors="replace") as f:
+        last = f.read().split("# train_pointer.sh ")[-1]  # the recipe starts every run's log with this line
+    header = last.split("\n", 1)[0]
+    return all(f" {item} " in f" {header} " for item in budget.split()) and "| done training in " in last
+
+
 def stage_train(args, exps, archs):
     for exp in exps:
         problem, n_train, _ = EXPERIMENTS[exp]
         for arch in archs:
             save = ckpt_dir(args.work_dir, exp, arch)
+            budget = f"MAX_UPDATE={os.environ.get('MAX_UPDATE', '20000')} STOP_TIME_HOURS={os.environ.get('STOP_TIME_HOURS', '0')}"
+            if finished(save, budget):  # fairseq-train on a finished checkpoint would still make one more update
+                print(f"[pointer] {exp} {arch}: training finished earlier ({save}), kept", flush=True)
+                continue
             env = dict(os.environ, PROBLEM=problem, ARCH=arch)
             print(f"[pointer] training {exp} {arch} -> {save}", flush=True)
             subprocess.run(["bash", os.path.join(REPO, "examples", "train_pointer.sh"),
