@@ -7,8 +7,8 @@
 For each variant: ``fairseq-train`` (task listops, arch efficient_classifier, the speed benchmark's
 variant settings scaled to the data's length) for exactly ``--max-update`` updates, then
 ``fairseq-validate`` of the last checkpoint on the test split.  ``sec_per_update`` is fairseq's
-train_wall summed over the epochs (validation excluded) divided by the updates.  Also: the majority-class rate of the test split and a
-``full`` row trained on the no-brackets ablation (``variant: "full"``, ``options: {"brackets": false}``).
+train_wall summed over the epochs (validation excluded) divided by the updates.  Also: the majority-class
+rate of the test split and a ``full`` row trained on the no-brackets ablation (``variant: "full"``, ``options: {"brackets": false}``).
 Runs resume: a variant whose log shows the budget reached is not trained again (fairseq-train
 would make one more update on a finished checkpoint), only re-validated.
 """

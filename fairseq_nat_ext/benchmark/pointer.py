@@ -99,11 +99,12 @@ def finished(save, budget):
 
 
 def stage_train(args, exps, archs):
+    # the budget as train_pointer.sh writes it into train.log (its own defaults when unset)
+    budget = f"MAX_UPDATE={os.environ.get('MAX_UPDATE', '20000')} STOP_TIME_HOURS={os.environ.get('STOP_TIME_HOURS', '0')}"
     for exp in exps:
         problem, n_train, _ = EXPERIMENTS[exp]
         for arch in archs:
             save = ckpt_dir(args.work_dir, exp, arch)
-            budget = f"MAX_UPDATE={os.environ.get('MAX_UPDATE', '20000')} STOP_TIME_HOURS={os.environ.get('STOP_TIME_HOURS', '0')}"
             if finished(save, budget):  # fairseq-train on a finished checkpoint would still make one more update
                 print(f"[pointer] {exp} {arch}: training finished earlier ({save}), kept", flush=True)
                 continue
