@@ -59,6 +59,13 @@ def test_insert_respects_max_len_left_to_right():
     assert unpad(out) == [[BOS, MASK, MASK, MASK, 5, MASK, MASK, 6, EOS]]
 
 
+def test_insert_max_len_per_row():
+    t = rows([[BOS, 5, 6, EOS], [BOS, 7, EOS]])
+    counts = torch.tensor([[3, 3, 3], [4, 4, 0]])
+    out = insert_placeholders(t, counts, PAD, MASK, max_len=torch.tensor([6, 9]))
+    assert unpad(out) == [[BOS, MASK, MASK, 5, 6, EOS], [BOS, MASK, MASK, MASK, MASK, 7, MASK, MASK, EOS]]
+
+
 def test_random_delete_keeps_an_ordered_subsequence_with_ends():
     g = torch.Generator().manual_seed(0)
     seqs = [[BOS] + list(range(4, 4 + n)) + [EOS] for n in (0, 1, 5, 12)] * 20

@@ -60,6 +60,41 @@ def test_deletion_labels_equal_the_oracle_on_y0_with_alpha_one(model_task):
     model.args.levt_alpha = 0.5
 
 
+def test_paper_rollin_is_cut_at_twice_the_target_length(model_task, monkeypatch):
+    """An untrained placeholder classifier may ask for --max-placeholders in every slot; the
+    deletion policy's roll-in input must stay near the target's size (it ran out of memory at
+    max-positions-long rows on Multi30K batches)."""
+    from fairseq_nat_ext.models.nat import levenshtein as lev
+
+    model, task = model_task
+    model.args.levt_rollin, model.args.levt_alpha = "paper", 0.0  # every row rolls in
+    top = model.decoder.max_placeholders
+
+    def greedy_max(tokens, encoder_out, normalize=False):
+        out = torch.zeros(tokens.size(0), tokens.size(1) - 1, top + 1)
+        out[..., top] = 1.0
+        return out
+
+    monkeypatch.setattr(model.decoder, "forward_mask_ins", greedy_max)
+    seen = {}
+    oracle = lev.levenshtein_oracle
+
+    def spy(hyp, tgt, pad, mask):
+        seen.setdefault("calls", []).append(hyp.clone())
+        return oracle(hyp, tgt, pad, mask)
+
+    monkeypatch.setattr(lev, "levenshtein_oracle", spy)
+    sample = toy_batch(task)
+    tgt = sample["target"]
+    y0 = model.inject_noise(tgt)
+    with torch.no_grad():
+        model(sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"], y0, tgt)
+    del_in = seen["calls"][-1]  # the deletion policy's input goes through the oracle last
+    tgt_len = tgt.ne(model.pad).sum(1) + 1  # with <s>
+    assert torch.equal(del_in.ne(model.pad).sum(1), lev.ROLLIN_MAX_RATIO * tgt_len)
+    model.args.levt_alpha = 0.5
+
+
 def test_decoding_runs_rounds_and_traces(model_task):
     model, task = model_task
     from fairseq_nat_ext.generators.edit import EditGenerator

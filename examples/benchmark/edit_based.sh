@@ -18,7 +18,7 @@
 #
 # Settings (environment; the shared ones -- DATA_BIN (distilled), RAW_REF (German reference), THREADS,
 # LATENCY_SENTENCES, LIMIT, OUT, README, CUDA, TRAIN_COMMAND -- are listed in examples/benchmark/lib.sh):
-#   RAW_DATA_BIN  raw data-bin for KERMIT (default $REPO/runs/m30k_prep/data-bin)
+#   RAW_DATA_BIN  raw data-bin for KERMIT (default $REPO/runs/m30k/data-bin)
 #   REF_EN        raw English reference for De->En (default the shared test_2016_flickr.en.gz)
 #   <SYS>_CKPT, <SYS>_TRAIN_LOG, <SYS>_UPDATES, <SYS>_WALL_S  (default $REPO/runs/<sys>/checkpoint_avg.pt
 #                 and the train.log beside it) for SYS in LEVT FS_LEVT INS_BT INS_UNI FS_INS KERMIT
@@ -28,7 +28,7 @@ set -euo pipefail
 NAME=edit_based
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-RAW_DATA_BIN="${RAW_DATA_BIN:-$REPO/runs/m30k_prep/data-bin}"
+RAW_DATA_BIN="${RAW_DATA_BIN:-$REPO/runs/m30k/data-bin}"
 REF_EN="${REF_EN:-$SHARED/data/multi30k/test_2016_flickr.en.gz}"
 ITER="${ITER:-10}"
 ALL_SYSTEMS="levt fs_levt ins_bt ins_uni fs_ins kermit"

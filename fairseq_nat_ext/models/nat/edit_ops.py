@@ -32,7 +32,8 @@ def insert_placeholders(tokens: Tensor, counts: Tensor, pad: int, mask: int, max
     """Insert ``counts[b, k]`` placeholders (``mask``) between token k and k+1 of each row.
 
     tokens (B, T), counts (B, T-1) (slots past the row's last token are ignored).  With ``max_len``
-    the insertions are cut, left to right, so that no row grows beyond ``max_len`` tokens."""
+    (an int, or a (B,) tensor of per-row limits) the insertions are cut, left to right, so that no row
+    grows beyond ``max_len`` tokens."""
     B, T = tokens.shape
     real = tokens.ne(pad)
     length = real.sum(1)

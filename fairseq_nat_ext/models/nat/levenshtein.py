@@ -11,8 +11,8 @@ oracle; no libnat).  y0 = the target with random deletions (fairseq's noise); th
 * insertion policy: its input is the expert-deleted y0, or with probability --levt-beta the model's
   own deletion of y0 (roll-in); placeholder counts and tokens come from the oracle (input -> target);
 * deletion policy (``--levt-rollin paper``, default): its input is y0 with probability --levt-alpha,
-  else the model's own insertion output on y0 (placeholders then tokens, greedy); labels from the
-  oracle.  ``--levt-rollin fairseq`` is fairseq's shortcut: the deletion policy reads the target with
+  else the model's own insertion output on y0 (placeholders then tokens, greedy; each row cut at
+  ``ROLLIN_MAX_RATIO`` times its target's length); labels from the oracle.  ``--levt-rollin fairseq`` is fairseq's shortcut: the deletion policy reads the target with
   its placeholders filled by the model's token predictions.
 Roll-in passes run without gradient.  Sequences carry ``<s>`` ... ``</s>``; the dataset target has no
 ``<s>``, the model adds it.
@@ -30,6 +30,9 @@ from ...oracles.levenshtein import levenshtein_oracle
 from ...tasks.nat_translation import MASK_SYMBOL
 from .base import SMALL, TINY, EditNATModel, arch_defaults
 from .edit_ops import delete_tokens, fill_placeholders, insert_placeholders, trim, with_bos
+
+#: paper roll-in: the model's own insertion output is cut at this multiple of the target's length
+ROLLIN_MAX_RATIO = 2
 
 
 class LevenshteinDecoder(FairseqNATDecoder):
@@ -106,9 +109,13 @@ class LevenshteinModel(EditNATModel):
         return delete_tokens(tokens, dele, self.pad, self.bos, self.eos)
 
     @torch.no_grad()
-    def _model_insert(self, tokens, encoder_out):
+    def _model_insert(self, tokens, encoder_out, max_len=None):
+        """The model's greedy insertion (placeholders, then tokens); rows grow to at most ``max_len``
+        (an int or a (B,) tensor; default the decoder's max positions)."""
         counts = self.decoder.forward_mask_ins(tokens, encoder_out).argmax(-1)
-        out = insert_placeholders(tokens, counts, self.pad, self.mask_idx, max_len=self.decoder.max_positions())
+        limit = self.decoder.max_positions()
+        max_len = limit if max_len is None else torch.as_tensor(max_len, device=tokens.device).clamp(max=limit)
+        out = insert_placeholders(tokens, counts, self.pad, self.mask_idx, max_len=max_len)
         holes = out.eq(self.mask_idx)
         if holes.any():
             pred = self.decoder.forward_word_ins(out, encoder_out, select=holes).argmax(-1)
@@ -152,7 +159,11 @@ class LevenshteinModel(EditNATModel):
             if a.levt_alpha < 1:
                 mine = ~self._coin(a.levt_alpha, B, dev)
                 if mine.any():
-                    del_in = self._rows(y0, self._model_insert(y0, enc), mine, pad)
+                    # roll-in rows grow to at most ROLLIN_MAX_RATIO x their target's length: an
+                    # untrained placeholder classifier asks for up to --max-placeholders per slot,
+                    # and rows of max-positions tokens exhaust memory (fills nothing worth deleting)
+                    cap = ROLLIN_MAX_RATIO * tgt.ne(pad).sum(1)
+                    del_in = self._rows(y0, self._model_insert(y0, enc, max_len=cap), mine, pad)
         od = levenshtein_oracle(del_in, tgt, pad, mask)
         del_mask = del_in.ne(pad) & del_in.ne(self.bos) & del_in.ne(self.eos)
         word_del_out = self.decoder.forward_word_del(del_in, enc)
