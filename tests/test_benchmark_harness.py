@@ -443,3 +443,39 @@ def test_oracle_results_get_their_own_table(tmp_path):
                                 "rows": rows}))
     with pytest.raises(ValueError, match=r"rows\[0\]: missing ms_per_batch"):
         tables.markdown_tables([str(path)])
+
+
+def test_count_decoder_calls_counts_passes_of_edit_models_too():
+    """An edit model's classifiers run the decoder through extract_features, not forward; both a
+    forward-only decoder and one with extract_features are counted, and the class method is back after."""
+    import torch
+
+    from fairseq_nat_ext.benchmark.inference import count_decoder_calls
+
+    class EditDecoder(torch.nn.Module):
+        def extract_features(self, x):
+            return x
+
+        def forward(self, x):
+            return self.extract_features(x)
+
+        def word_del(self, x):  # a classifier head: one pass, not through forward
+            return self.extract_features(x)
+
+    class PlainDecoder(torch.nn.Module):
+        def forward(self, x):
+            return x
+
+    class Model:
+        def __init__(self, decoder):
+            self.decoder = decoder
+
+    edit, plain = Model(EditDecoder()), Model(PlainDecoder())
+    with count_decoder_calls([edit]) as c:
+        edit.decoder.word_del(1)
+        edit.decoder(1)
+    assert c.calls == 2
+    with count_decoder_calls([plain]) as c:
+        plain.decoder(1)
+    assert c.calls == 1
+    assert "extract_features" not in vars(edit.decoder) and "forward" not in vars(plain.decoder)

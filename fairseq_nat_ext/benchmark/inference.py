@@ -18,8 +18,8 @@ took, from what the generator measured:
   </s>, i.e. the decoder steps of that sentence decoded alone (batch 1).  With beam > 1 the search
   may run a few steps past the best hypothesis' end; those are not counted.
 
-:func:`count_decoder_calls` counts the decoder's forward calls directly; the harness uses it at
-batch size 1 to cross-check these numbers in its log.
+:func:`count_decoder_calls` counts the decoder's passes directly; the harness uses it at batch
+size 1 to cross-check these numbers in its log.
 """
 import logging
 import os
@@ -192,27 +192,30 @@ def mean_iterations(hypos, generator=None):
 
 
 class count_decoder_calls:
-    """``with count_decoder_calls(models) as c: ...`` -> ``c.calls``: calls of the first model's
-    decoder ``forward`` (length prediction is a separate method and is not counted).  The method is
-    wrapped on the instance, not hooked: fairseq's SequenceGenerator calls ``decoder.forward``
-    directly, which bypasses forward hooks."""
+    """``with count_decoder_calls(models) as c: ...`` -> ``c.calls``: passes of the first model's
+    decoder, i.e. calls of its ``extract_features`` (every fairseq Transformer decoder runs its layers
+    there; an edit model's deletion, placeholder and token classifiers call it, not ``forward``), or of
+    ``forward`` for a decoder without one.  Length prediction is a separate method and is not counted.
+    The method is wrapped on the instance, not hooked: fairseq's SequenceGenerator calls the decoder's
+    methods directly, which bypasses forward hooks."""
 
     def __init__(self, models):
         self.decoder = models[0].decoder
+        self.method = "extract_features" if hasattr(self.decoder, "extract_features") else "forward"
         self.calls = 0
 
     def __enter__(self):
-        original = self.decoder.forward
+        original = getattr(self.decoder, self.method)
 
-        def counted_forward(*args, **kwargs):
+        def counted(*args, **kwargs):
             self.calls += 1
             return original(*args, **kwargs)
 
-        self.decoder.forward = counted_forward
+        setattr(self.decoder, self.method, counted)
         return self
 
     def __exit__(self, *exc):
-        del self.decoder.forward  # the class' method is visible again
+        delattr(self.decoder, self.method)  # the class' method is visible again
         return False
 
 

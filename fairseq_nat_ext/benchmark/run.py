@@ -308,8 +308,8 @@ def benchmark_system(args, refs, tok_refs, save_row):
             )
         latency = latency_ms_per_sentence(lat_watch.total, n_lat)
         logger.info(
-            "%s %s: decoder calls per sentence at batch 1 (first %d sentences): %.2f counted, "
-            "%.2f from the hypotheses", name, d, n_lat, counter.calls / n_lat,
+            "%s %s: decoder passes per sentence at batch 1 (first %d sentences): %.2f counted, "
+            "%.2f iterations from the hypotheses", name, d, n_lat, counter.calls / n_lat,
             inf.mean_iterations(list(lat_hyps.values()), generator),
         )
         speed = sentences_per_second(n, thr_watch.total)
