@@ -470,7 +470,11 @@ def test_count_decoder_calls_counts_passes_of_edit_models_too():
         def __init__(self, decoder):
             self.decoder = decoder
 
-    edit, plain = Model(EditDecoder()), Model(PlainDecoder())
+    class StackModel:  # KERMIT: one stack, no decoder
+        def __init__(self):
+            self.stack = PlainDecoder()
+
+    edit, plain, single = Model(EditDecoder()), Model(PlainDecoder()), StackModel()
     with count_decoder_calls([edit]) as c:
         edit.decoder.word_del(1)
         edit.decoder(1)
@@ -478,4 +482,8 @@ def test_count_decoder_calls_counts_passes_of_edit_models_too():
     with count_decoder_calls([plain]) as c:
         plain.decoder(1)
     assert c.calls == 1
+    with count_decoder_calls([single]) as c:
+        single.stack(1)
+        single.stack(1)
+    assert c.calls == 2
     assert "extract_features" not in vars(edit.decoder) and "forward" not in vars(plain.decoder)

@@ -194,3 +194,32 @@ def test_cli_train_then_generate_both_directions(toy_databin, tmp_path):
                  "-t", "tgt", "--path", ckpt, "--max-tokens", "800", "--kermit-generate", "marginal",
                  "--iter-decode-max-iter", "3"])
     assert sum(1 for line in p.stdout.splitlines() if line.startswith("H-")) == n_test
+
+
+def test_batch_decoding_when_the_longest_row_finishes_first(kermit, monkeypatch):
+    """A finished long row leaves shorter active rows: the next round works on their trimmed canvas
+    (it failed with a width mismatch on Multi30K batches), and the batch decodes each row as alone."""
+    from fairseq_nat_ext.generators.kermit import KermitGenerator
+
+    task, model, _ = kermit
+    d = task.target_dictionary
+    pad, word = d.pad(), d.nspecial + 1
+
+    def fake_slots(tokens, seg=None, normalize=False):  # long canvases stop, short ones grow
+        lp = torch.full((tokens.size(0), tokens.size(1) - 1, len(d)), -10.0)
+        stop = tokens.ne(pad).sum(1) >= 10
+        lp[stop, :, d.eos()] = 0.0
+        lp[~stop, :, word] = 0.0
+        return lp
+
+    monkeypatch.setattr(model, "forward_slots", fake_slots)
+    w = d.nspecial + 2
+    src = torch.tensor([[w] * 12 + [d.eos()], [w, w, d.eos()] + [pad] * 10])
+    gen = KermitGenerator([model], d, "src", "tgt", max_iter=6)
+    batch = gen.generate([model], {"net_input": {"src_tokens": src, "src_lengths": None}})
+    for i in range(2):
+        row = src[i:i + 1, : int(src[i].ne(pad).sum())]
+        alone = gen.generate([model], {"net_input": {"src_tokens": row, "src_lengths": None}})
+        assert batch[i][0]["tokens"].tolist() == alone[0][0]["tokens"].tolist()
+        assert batch[i][0]["steps"] == alone[0][0]["steps"]
+    assert batch[0][0]["steps"] == 1 and batch[1][0]["steps"] > 1

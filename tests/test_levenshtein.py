@@ -60,6 +60,36 @@ def test_deletion_labels_equal_the_oracle_on_y0_with_alpha_one(model_task):
     model.args.levt_alpha = 0.5
 
 
+def test_rollin_runs_on_the_chosen_rows_only_with_the_same_result(model_task):
+    """_replace_rows(base, take, policy) == the policy on the whole batch, rows where take holds
+    (eval mode: no dropout), and the policy sees only those rows."""
+    from fairseq_nat_ext.models.nat.edit_ops import trim
+
+    model, task = model_task
+    model.eval()
+    sample = toy_batch(task)
+    src, lens, tgt = sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"], sample["target"]
+    y0 = model.inject_noise(tgt)
+    enc = model.encoder(src, src_lengths=lens)
+    take = torch.tensor([True, False, True, False, False, True])
+    seen = []
+
+    def policy(rows, enc_rows, **kw):
+        seen.append(rows.size(0))
+        return model._model_insert(rows, enc_rows, **kw)
+
+    cap = 2 * tgt.ne(model.pad).sum(1)
+    with torch.no_grad():
+        got = model._replace_rows(y0, take, policy, enc, max_len=cap[take])
+        full = model._model_insert(y0, enc, max_len=cap)
+    assert seen == [int(take.sum())]
+    w = max(full.size(1), y0.size(1))
+    pad = lambda t: torch.nn.functional.pad(t, (0, w - t.size(1)), value=model.pad)  # noqa: E731
+    want = trim(torch.where(take.unsqueeze(1), pad(full), pad(y0)), model.pad)
+    assert torch.equal(got, want)
+    model.train()
+
+
 def test_paper_rollin_is_cut_at_twice_the_target_length(model_task, monkeypatch):
     """An untrained placeholder classifier may ask for --max-placeholders in every slot; the
     deletion policy's roll-in input must stay near the target's size (it ran out of memory at

@@ -193,18 +193,22 @@ def mean_iterations(hypos, generator=None):
 
 class count_decoder_calls:
     """``with count_decoder_calls(models) as c: ...`` -> ``c.calls``: passes of the first model's
-    decoder, i.e. calls of its ``extract_features`` (every fairseq Transformer decoder runs its layers
+    decoder (or, for a single-stack model such as KERMIT, its ``stack``), i.e. calls of its ``extract_features`` (every fairseq Transformer decoder runs its layers
     there; an edit model's deletion, placeholder and token classifiers call it, not ``forward``), or of
     ``forward`` for a decoder without one.  Length prediction is a separate method and is not counted.
     The method is wrapped on the instance, not hooked: fairseq's SequenceGenerator calls the decoder's
     methods directly, which bypasses forward hooks."""
 
     def __init__(self, models):
-        self.decoder = models[0].decoder
+        model = models[0]
+        # a single-stack model (KERMIT) has no decoder: its stack makes the passes
+        self.decoder = model.decoder if hasattr(model, "decoder") else getattr(model, "stack", None)
         self.method = "extract_features" if hasattr(self.decoder, "extract_features") else "forward"
         self.calls = 0
 
     def __enter__(self):
+        if self.decoder is None:  # nothing known to count: calls stays 0
+            return self
         original = getattr(self.decoder, self.method)
 
         def counted(*args, **kwargs):
@@ -215,7 +219,8 @@ class count_decoder_calls:
         return self
 
     def __exit__(self, *exc):
-        delattr(self.decoder, self.method)  # the class' method is visible again
+        if self.decoder is not None:
+            delattr(self.decoder, self.method)  # the class' method is visible again
         return False
 
 

@@ -134,7 +134,9 @@ class KermitGenerator:
             idx = active.nonzero().flatten()
             if idx.numel() == 0:
                 break
-            t, o, s = self._round(model, trim(tokens[idx], self.pad), open_[idx], scores[idx])
+            sub = trim(tokens[idx], self.pad)  # the active rows may all be shorter than the batch
+            w0 = sub.size(1)
+            t, o, s = self._round(model, sub, open_[idx, :w0], scores[idx, :w0])
             steps[idx] += 1
             grew = t.ne(self.pad).sum(1) > tokens[idx].ne(self.pad).sum(1)
             w = max(t.size(1), tokens.size(1))

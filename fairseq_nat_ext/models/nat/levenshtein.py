@@ -95,13 +95,18 @@ class LevenshteinModel(EditNATModel):
     def _coin(self, p, n, device):
         return torch.rand(n, device=device) < p
 
-    @staticmethod
-    def _rows(a, b, take_b, pad):
-        """Row-wise choice between two right-padded tensors of possibly different widths."""
-        w = max(a.size(1), b.size(1))
-        a = F.pad(a, (0, w - a.size(1)), value=pad)
-        b = F.pad(b, (0, w - b.size(1)), value=pad)
-        return trim(torch.where(take_b.unsqueeze(1), b, a), pad)
+    def _replace_rows(self, base, take, policy, encoder_out, **kwargs):
+        """``base`` with the rows where ``take`` holds replaced by ``policy(those rows, their encoder
+        states, **kwargs)``: the roll-in passes run on the chosen rows only, not on the whole batch."""
+        idx = take.nonzero(as_tuple=True)[0]
+        if idx.numel() == 0:
+            return base
+        pad = self.pad
+        new = policy(trim(base[idx], pad), self.encoder.reorder_encoder_out(encoder_out, idx), **kwargs)
+        w = max(base.size(1), new.size(1))
+        out = F.pad(base, (0, w - base.size(1)), value=pad)
+        out[idx] = F.pad(new, (0, w - new.size(1)), value=pad)
+        return trim(out, pad)
 
     @torch.no_grad()
     def _model_delete(self, tokens, encoder_out):
@@ -136,9 +141,7 @@ class LevenshteinModel(EditNATModel):
         # ---- insertion policy: expert-deleted y0, or the model's own deletion (prob beta) ----------
         ins_in = y0
         if a.levt_beta > 0:
-            mine = self._coin(a.levt_beta, B, dev)
-            if mine.any():
-                ins_in = self._rows(y0, self._model_delete(y0, enc), mine, pad)
+            ins_in = self._replace_rows(y0, self._coin(a.levt_beta, B, dev), self._model_delete, enc)
         # the expert deletes what is not in the target: the insertion input is a subsequence of it
         ins_in = delete_tokens(ins_in, levenshtein_oracle(ins_in, tgt, pad, mask).del_labels.bool(),
                                pad, self.bos, self.eos)
@@ -158,12 +161,11 @@ class LevenshteinModel(EditNATModel):
             del_in = y0
             if a.levt_alpha < 1:
                 mine = ~self._coin(a.levt_alpha, B, dev)
-                if mine.any():
-                    # roll-in rows grow to at most ROLLIN_MAX_RATIO x their target's length: an
-                    # untrained placeholder classifier asks for up to --max-placeholders per slot,
-                    # and rows of max-positions tokens exhaust memory (fills nothing worth deleting)
-                    cap = ROLLIN_MAX_RATIO * tgt.ne(pad).sum(1)
-                    del_in = self._rows(y0, self._model_insert(y0, enc, max_len=cap), mine, pad)
+                # roll-in rows grow to at most ROLLIN_MAX_RATIO x their target's length: an
+                # untrained placeholder classifier asks for up to --max-placeholders per slot,
+                # and rows of max-positions tokens exhaust memory (and fill nothing worth deleting)
+                cap = ROLLIN_MAX_RATIO * tgt.ne(pad).sum(1)
+                del_in = self._replace_rows(y0, mine, self._model_insert, enc, max_len=cap[mine])
         od = levenshtein_oracle(del_in, tgt, pad, mask)
         del_mask = del_in.ne(pad) & del_in.ne(self.bos) & del_in.ne(self.eos)
         word_del_out = self.decoder.forward_word_del(del_in, enc)
