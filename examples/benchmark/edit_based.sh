@@ -49,12 +49,16 @@ COMMAND+=" SYSTEMS='$SYSTEMS'"
 finish_command
 harness_options
 
+# one 'data' line for the whole file (each call would otherwise describe only its own data-bin)
+DATA_NAME="$DATA_BIN [test, en->de], reference $RAW_REF${LIMIT:+ (first $LIMIT sentences)}"
+want kermit && DATA_NAME+="; kermit: $RAW_DATA_BIN (raw) [test, en->de and de->en], references $RAW_REF and $REF_EN"
+
 row() {  # row SYSTEM SRC TGT REF DATA_BIN DISTILLED DECODING
     local p
     p="$(echo "$1" | tr '[:lower:]' '[:upper:]')"
     local ckpt="${p}_CKPT"
     # shellcheck disable=SC2046  # word splitting of train_stats is intended (no spaces in paths)
-    bench "${HARNESS[@]}" --data-bin "$5" --raw-ref "$4" --src-lang "$2" --tgt-lang "$3" \
+    bench "${HARNESS[@]}" --data-bin "$5" --raw-ref "$4" --src-lang "$2" --tgt-lang "$3" --data-name "$DATA_NAME" \
         --system-ckpt "${!ckpt}" "$6" --decoding "$7" $(train_stats "$p")
 }
 
