@@ -16,6 +16,11 @@ NAT tasks append symbols such as ``<mask>`` to the same dictionary, so the first
 dictionary) are copied and the extra rows keep their fresh initialisation.  Anything else is an
 error: a shape mismatch (different model size), or nothing in common (not an AT Transformer).
 NAT-only parameters (length predictor, ...) keep their initialisation and are listed.
+
+Single-stack models (KERMIT: one Transformer ``stack`` over [x ; y]): the AT encoder's layers become
+the stack's first layers and the AT decoder's layers the following ones, without their cross-attention
+(``encoder.layers.i`` -> ``stack.layers.i``, ``decoder.layers.j`` -> ``stack.layers.{E + j}`` with E the
+AT encoder's depth; ``encoder.embed_tokens`` -> ``stack.embed_tokens``); see :func:`as_single_stack`.
 """
 
 import argparse
@@ -33,6 +38,20 @@ logger = logging.getLogger("fairseq_nat_ext.init_from_at")
 MAX_EXTRA_SYMBOLS = 8
 
 
+def as_single_stack(at_names) -> Dict[str, str]:
+    """{single-stack name: AT name} for the AT encoder-decoder's tensors (see the module docstring);
+    the decoder's cross-attention (``encoder_attn*``) and output projection have no counterpart."""
+    depth = 1 + max((int(k.split(".")[2]) for k in at_names if k.startswith("encoder.layers.")), default=-1)
+    names = {}
+    for name in at_names:
+        parts = name.split(".")
+        if parts[0] == "encoder":
+            names["stack." + name[len("encoder."):]] = name
+        elif parts[:2] == ["decoder", "layers"] and not parts[3].startswith("encoder_attn"):
+            names[".".join(["stack", "layers", str(depth + int(parts[2]))] + parts[3:])] = name
+    return names
+
+
 def transfer_state(
     nat_state: Dict[str, torch.Tensor], at_state: Dict[str, torch.Tensor], at_name: str = "teacher"
 ) -> Tuple[Dict[str, torch.Tensor], Dict[str, List[str]]]:
@@ -42,6 +61,11 @@ def transfer_state(
     ``at_only`` parameter names.  Raises :class:`InputError` on a shape mismatch or when the two
     models share no parameter.
     """
+    at_names = set(at_state)  # for the report, under the AT checkpoint's own names
+    if any(k.startswith("stack.") for k in nat_state) and not any(k.startswith("stack.") for k in at_state):
+        names = as_single_stack(at_state)
+        at_names -= {names[k] for k in names if k in nat_state}
+        at_state = {k: at_state[v] for k, v in names.items()}
     out = {k: v.clone() for k, v in nat_state.items()}
     report: Dict[str, List[str]] = {"copied": [], "grown": [], "nat_only": [], "at_only": []}
     for name, value in nat_state.items():
@@ -66,7 +90,7 @@ def transfer_state(
                 f"initialised has {tuple(value.shape)}; the AT and NAT models must have the same "
                 "size (layers, dims, vocabulary)"
             )
-    report["at_only"] = sorted(set(at_state) - set(nat_state))
+    report["at_only"] = sorted(at_names - set(nat_state))
     if not report["copied"]:
         raise InputError(
             f"{at_name}: no parameter in common with the model being initialised; "

@@ -111,3 +111,26 @@ def test_cli_refuses_a_teacher_of_another_size(toy_databin, tmp_path):
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: ") and "small.pt" in last and "shape" in last
     assert not (tmp_path / "o.pt").exists()
+
+
+def test_single_stack_takes_encoder_then_decoder_layers_without_cross_attention():
+    """KERMIT's stack: AT encoder layers first, then the AT decoder's (self-attention, norms, FFN),
+    the embeddings from the encoder; cross-attention is left out (at_only)."""
+    t = lambda v: torch.full((2, 2), float(v))  # noqa: E731
+    at = {
+        "encoder.embed_tokens.weight": t(1),
+        "encoder.layers.0.fc1.weight": t(2), "encoder.layers.1.fc1.weight": t(3),
+        "decoder.embed_tokens.weight": t(4),
+        "decoder.layers.0.fc1.weight": t(5), "decoder.layers.0.encoder_attn.k_proj.weight": t(6),
+        "decoder.layers.0.encoder_attn_layer_norm.weight": t(7), "decoder.output_projection.weight": t(8),
+    }
+    nat = {"stack.embed_tokens.weight": t(0), "stack.layers.0.fc1.weight": t(0),
+           "stack.layers.1.fc1.weight": t(0), "stack.layers.2.fc1.weight": t(0),
+           "segment_embed.weight": t(0)}
+    out, report = transfer_state(nat, at)
+    assert [float(out[k][0, 0]) for k in nat] == [1, 2, 3, 5, 0]
+    assert report["nat_only"] == ["segment_embed.weight"]
+    assert not any("encoder_attn" in k for k in report["copied"])
+    assert report["at_only"] == ["decoder.embed_tokens.weight", "decoder.layers.0.encoder_attn.k_proj.weight",
+                                 "decoder.layers.0.encoder_attn_layer_norm.weight",
+                                 "decoder.output_projection.weight"]
