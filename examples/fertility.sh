@@ -16,7 +16,7 @@
 set -euo pipefail
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$SCRIPT_DIR/.." && pwd)"
-if [[ $# -lt 3 ]]; then sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; fi
+if [[ $# -lt 3 ]]; then sed -n '2,${/^#/!q;p;}' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; fi
 DATA_BIN="$1"; OUT_DIR="$2"; METHOD="$3"; TEACHER="${4:-}"
 [[ -d "$DATA_BIN" ]] || { echo "error: DATA_BIN $DATA_BIN is not a directory" >&2; exit 1; }
 case "$METHOD" in

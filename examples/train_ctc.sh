@@ -11,7 +11,7 @@
 # SAVE_DIR/train.log; the averaged checkpoint is printed on the last line.
 set -euo pipefail
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-if [[ $# -lt 2 ]]; then sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; fi
+if [[ $# -lt 2 ]]; then sed -n '2,${/^#/!q;p;}' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; fi
 DATA_BIN="$1"; SAVE_DIR="$2"; shift 2
 EXTRA=("$@")
 RATIO="${RATIO:-2}"

@@ -6,14 +6,15 @@
 # DATA_BIN: a RAW (not distilled) parallel corpus with a joined dictionary, e.g. runs/m30k/data-bin;
 # SRC/TGT (default en/de) name its languages: SRC becomes segment x.  MODES (default
 # joint:1,x2y:1,y2x:1,x:1,y:1) weights p(x,y), p(y|x), p(x|y), p(x), p(y); TAU (default 1.0, 0 = uniform)
-# is the balanced-binary-tree temperature.  LAYERS defaults to 6 (one stack = the 3+3 models' depth).
+# is the balanced-binary-tree temperature.  LAYERS defaults to 6 (one stack = the 3+3 models' depth);
+# INIT_FROM=AT.pt starts the stack from a 3+3 AT Transformer (encoder layers, then decoder layers).
 # Other overrides: those of examples/lib/train_nat.sh.  Resumes from SAVE_DIR/checkpoint_last.pt.
 # Decoding both directions from the checkpoint:
 #   fairseq-generate DATA_BIN --user-dir fairseq_nat_ext --task kermit -s en -t de --path CKPT
 #   fairseq-generate DATA_BIN --user-dir fairseq_nat_ext --task kermit -s de -t en --path CKPT
 set -euo pipefail
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-if [[ $# -lt 2 ]]; then sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; fi
+if [[ $# -lt 2 ]]; then sed -n '2,${/^#/!q;p;}' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; fi
 DATA_BIN="$1"; SAVE_DIR="$2"; shift 2
 EXTRA=("$@")
 LAYERS="${LAYERS:-6}"

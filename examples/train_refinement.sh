@@ -15,7 +15,7 @@
 # the averaged checkpoint is printed on the last line.
 set -euo pipefail
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-if [[ $# -lt 2 ]]; then sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; fi
+if [[ $# -lt 2 ]]; then sed -n '2,${/^#/!q;p;}' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; fi
 DATA_BIN="$1"; SAVE_DIR="$2"; shift 2
 EXTRA=("$@")
 IMPL="${IMPL:-ours}"; STEPS="${STEPS:-4}"; DAE="${DAE:-0.5}"

@@ -44,3 +44,21 @@ def test_recipe_trains_and_resumes(toy_databin, tmp_path, recipe, env):
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     log = (save / "train.log").read_text()
     assert "Loaded checkpoint" in log and "num_updates 3" in log.replace("num_updates=", "num_updates ")
+
+
+@pytest.mark.parametrize("recipe", sorted({r for r, _ in RECIPES} | {"fertility.sh", "train_teacher.sh",
+                                                                   "prepare_data.sh", "distill.sh"}))
+def test_usage_is_the_whole_header_comment_and_no_code(recipe):
+    """Without arguments a recipe prints its header comment (every line of it, nothing after it)."""
+    path = os.path.join(ROOT, "examples", recipe)
+    with open(path) as f:
+        lines = f.read().splitlines()[1:]
+    header = []
+    for line in lines:
+        if not line.startswith("#"):
+            break
+        header.append(line[2:] if line.startswith("# ") else line[1:])
+    p = subprocess.run(["bash", path], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2
+    assert p.stderr.splitlines()[:len(header)] == header
+    assert "set -euo" not in p.stderr
