@@ -193,9 +193,10 @@ def mean_iterations(hypos, generator=None):
 
 class count_decoder_calls:
     """``with count_decoder_calls(models) as c: ...`` -> ``c.calls``: passes of the first model's
-    decoder (or, for a single-stack model such as KERMIT, its ``stack``), i.e. calls of its ``extract_features`` (every fairseq Transformer decoder runs its layers
-    there; an edit model's deletion, placeholder and token classifiers call it, not ``forward``), or of
-    ``forward`` for a decoder without one.  Length prediction is a separate method and is not counted.
+    decoder (or, for a single-stack model such as KERMIT, its ``stack``), i.e. calls of its
+    ``extract_features`` (every fairseq Transformer decoder runs its layers there; an edit model's
+    deletion, placeholder and token classifiers call it, not ``forward``), or of ``forward`` for a
+    module without one.  Length prediction is a separate method and is not counted.
     The method is wrapped on the instance, not hooked: fairseq's SequenceGenerator calls the decoder's
     methods directly, which bypasses forward hooks."""
 

@@ -12,8 +12,10 @@ oracle; no libnat).  y0 = the target with random deletions (fairseq's noise); th
   own deletion of y0 (roll-in); placeholder counts and tokens come from the oracle (input -> target);
 * deletion policy (``--levt-rollin paper``, default): its input is y0 with probability --levt-alpha,
   else the model's own insertion output on y0 (placeholders then tokens, greedy; each row cut at
-  ``ROLLIN_MAX_RATIO`` times its target's length); labels from the oracle.  ``--levt-rollin fairseq`` is fairseq's shortcut: the deletion policy reads the target with
-  its placeholders filled by the model's token predictions.
+  ``ROLLIN_MAX_RATIO`` times its target's length); labels from the oracle.  ``--levt-rollin fairseq``
+  is fairseq's shortcut: the deletion policy reads the target with its placeholders filled by the
+  model's token predictions.
+Roll-in passes run on the rolled-in rows only (with their encoder states), not on the whole batch.
 Roll-in passes run without gradient.  Sequences carry ``<s>`` ... ``</s>``; the dataset target has no
 ``<s>``, the model adds it.
 """
