@@ -1,6 +1,7 @@
 """nat_fertility: the copy layer against a slow reference, the decoder's attention masks, the fertility
 batches of the task, the losses (token CE, fertility CE, REINFORCE)."""
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -101,8 +102,15 @@ def test_attention_masks_of_the_decoder_layer(built):
     assert not torch.allclose(out2[0], out[0], atol=1e-3)  # ... but every other query sees it
     # a row whose only real position is itself stays finite
     pad = torch.tensor([[False, True, True, True, True], [False] * 5])
-    one = layer.self_attn(query=x, key=x, value=x, attn_mask=mask, key_padding_mask=pad, need_weights=False)[0]
+    # the padding inside the float mask, (B * heads, T, T), as the decoder passes it
+    add = torch.zeros(pad.shape).masked_fill_(pad, float("-inf"))
+    mask3 = (mask.unsqueeze(0) + add.unsqueeze(1)).repeat_interleave(layer.self_attn.num_heads, 0)
+    one = layer.self_attn(query=x, key=x, value=x, attn_mask=mask3, need_weights=False)[0]
     assert torch.isfinite(one).all()
+    # ... and row 1 (no padding) is what the plain mask gives, row 0's position 0 sees only itself
+    assert torch.allclose(one[:, 1], out[:, 1], atol=1e-5)
+    v = layer.self_attn.out_proj(layer.self_attn.v_proj(x[0, 0]))
+    assert torch.allclose(one[0, 0], v, atol=1e-5)
     # positional attention: same hidden states, other positions -> other output
     enc = torch.randn(3, B, model.encoder.embed_tokens.embedding_dim)
     pos = torch.randn(T, B, C)
@@ -123,6 +131,11 @@ def test_decoder_input_is_the_source_copied_by_fertility(built):
     assert torch.allclose(x, ref) and torch.equal(valid.sum(1), lengths)
     tgt_len = batch["target"].ne(task.target_dictionary.pad()).sum(1) - 1
     assert torch.equal(lengths, tgt_len)
+    assert lengths.min() < lengths.max()  # the batch has padded output rows
+    with warnings.catch_warnings():  # e.g. torch's "mismatched key_padding_mask and attn_mask"
+        warnings.simplefilter("error")
+        with torch.no_grad():
+            assert torch.isfinite(model.decoder(enc, fertility=fert)).all()
 
 
 def test_losses_and_reinforce_gradients(built):

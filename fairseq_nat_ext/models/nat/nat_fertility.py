@@ -98,10 +98,10 @@ class FertilityDecoderLayer(TransformerDecoderLayerBase):
     def forward(self, x, encoder_out=None, encoder_padding_mask=None, self_attn_mask=None,
                 self_attn_padding_mask=None, positions=None, **unused):
         """x (T, B, C); positions (T, B, C) position embeddings (the positional attention's queries
-        and keys)."""
+        and keys); self_attn_mask: float, (T, T) or (B * heads, T, T) with the padding already in it;
+        self_attn_padding_mask: bool (B, T), for the positional attention."""
         x = self._block(x, self.self_attn_layer_norm, lambda h: self.self_attn(
-            query=h, key=h, value=h, key_padding_mask=self_attn_padding_mask, need_weights=False,
-            attn_mask=self_attn_mask)[0])
+            query=h, key=h, value=h, need_weights=False, attn_mask=self_attn_mask)[0])
         x = self._block(x, self.pos_attn_layer_norm, lambda h: self.pos_attn(
             query=positions, key=positions, value=h, key_padding_mask=self_attn_padding_mask,
             need_weights=False)[0])
@@ -177,6 +177,11 @@ class FertilityDecoder(FairseqNATDecoder):
             # its first (padding) position; its outputs are never read
             self_pad = pad.clone()
             self_pad[:, 0] &= valid.any(1)
+            # the self-attention gets the padding inside its float mask, (B * heads, T, T): fairseq
+            # passes key_padding_mask as bool, and torch warns about a bool one beside a float attn_mask
+            heads = self.layers[0].self_attn.num_heads if len(self.layers) else 1
+            add = torch.zeros_like(self_pad, dtype=x.dtype).masked_fill_(self_pad, float("-inf"))
+            mask = (mask.unsqueeze(0) + add.unsqueeze(1)).repeat_interleave(heads, 0)
         for layer in self.layers:
             x = layer(x, enc, enc_pad, self_attn_mask=mask, self_attn_padding_mask=self_pad,
                       positions=positions)
