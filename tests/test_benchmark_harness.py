@@ -487,3 +487,37 @@ def test_count_decoder_calls_counts_passes_of_edit_models_too():
         single.stack(1)
     assert c.calls == 2
     assert "extract_features" not in vars(edit.decoder) and "forward" not in vars(plain.decoder)
+
+
+def test_count_decoder_calls_counts_layer_passes_whatever_method_drives_them():
+    """A decoder whose forward runs its own layer loop (nat_fertility, iterative_refinement) and never
+    calls the extract_features it inherits: one pass per forward, counted on its first layer; the
+    hook is gone afterwards."""
+    import torch
+
+    from fairseq_nat_ext.benchmark.inference import count_decoder_calls
+
+    class OwnLoopDecoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList([torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)])
+
+        def extract_features(self, x):  # inherited in the real decoders, unused by their forward
+            raise AssertionError("not called")
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return x
+
+    class Model:
+        decoder = OwnLoopDecoder()
+
+    m = Model()
+    with count_decoder_calls([m]) as c:
+        for _ in range(3):
+            m.decoder(torch.zeros(1, 2))
+    assert c.calls == 3
+    assert not m.decoder.layers[0]._forward_pre_hooks
+    m.decoder(torch.zeros(1, 2))
+    assert c.calls == 3

@@ -193,34 +193,44 @@ def mean_iterations(hypos, generator=None):
 
 class count_decoder_calls:
     """``with count_decoder_calls(models) as c: ...`` -> ``c.calls``: passes of the first model's
-    decoder (or, for a single-stack model such as KERMIT, its ``stack``), i.e. calls of its
-    ``extract_features`` (every fairseq Transformer decoder runs its layers there; an edit model's
-    deletion, placeholder and token classifiers call it, not ``forward``), or of ``forward`` for a
-    module without one.  Length prediction is a separate method and is not counted.
-    The method is wrapped on the instance, not hooked: fairseq's SequenceGenerator calls the decoder's
-    methods directly, which bypasses forward hooks."""
+    decoder (or, for a single-stack model such as KERMIT, its ``stack``), counted as calls of its first
+    layer: every pass runs it exactly once, whichever method drives the layers (fairseq's
+    ``extract_features``, an edit model's classifiers, our own decoders' ``forward``, an AR decoder's
+    incremental steps).  A decoder without layers falls back to counting ``extract_features`` (or
+    ``forward``), wrapped on the instance (fairseq's SequenceGenerator calls the decoder's methods
+    directly, which bypasses the decoder's own hooks).  Length prediction is not a pass."""
 
     def __init__(self, models):
         model = models[0]
         # a single-stack model (KERMIT) has no decoder: its stack makes the passes
         self.decoder = model.decoder if hasattr(model, "decoder") else getattr(model, "stack", None)
+        layers = getattr(self.decoder, "layers", None)
+        self.layer = layers[0] if isinstance(layers, torch.nn.ModuleList) and len(layers) else None
         self.method = "extract_features" if hasattr(self.decoder, "extract_features") else "forward"
         self.calls = 0
+        self._hook = None
+
+    def _count(self, *unused):
+        self.calls += 1
 
     def __enter__(self):
-        if self.decoder is None:  # nothing known to count: calls stays 0
-            return self
-        original = getattr(self.decoder, self.method)
+        if self.layer is not None:
+            self._hook = self.layer.register_forward_pre_hook(self._count)
+        elif self.decoder is not None:
+            original = getattr(self.decoder, self.method)
 
-        def counted(*args, **kwargs):
-            self.calls += 1
-            return original(*args, **kwargs)
+            def counted(*args, **kwargs):
+                self._count()
+                return original(*args, **kwargs)
 
-        setattr(self.decoder, self.method, counted)
-        return self
+            setattr(self.decoder, self.method, counted)
+        return self  # nothing known to count: calls stays 0
 
     def __exit__(self, *exc):
-        if self.decoder is not None:
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        elif self.decoder is not None:
             delattr(self.decoder, self.method)  # the class' method is visible again
         return False
 
