@@ -31,17 +31,29 @@
 """
 import argparse
 import collections
+import contextlib
 import logging
 import os
 import pickle
 import re
 import sys
 import typing
+import warnings
 import zipfile
 
 import torch
 
 logger = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def fairseq_mask_warning_silenced():
+    """Silence torch's "Support for mismatched key_padding_mask and attn_mask" warning, which
+    fairseq's own Transformer decoder triggers on every padded teacher-forced batch (a bool padding
+    mask beside its float causal mask); for calls into fairseq's models only."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Support for mismatched key_padding_mask")
+        yield
 
 
 def _omegaconf_types():

@@ -152,6 +152,7 @@ def attention_fertility(splits, teacher_path, data_bin, layer, max_tokens, use_c
     from fairseq import checkpoint_utils
     from fairseq.data import data_utils
 
+    from ..compat import fairseq_mask_warning_silenced
     from ..oracles.fertility import fertility_from_attention
 
     models, _, task = checkpoint_utils.load_model_ensemble_and_task([teacher_path], arg_overrides={"data": data_bin})
@@ -175,7 +176,7 @@ def attention_fertility(splits, teacher_path, data_bin, layer, max_tokens, use_c
             src = collate([S[j] for j in ids], left_pad=True)
             tgt = collate([T[j] for j in ids])
             prev = collate([T[j] for j in ids], move_eos_to_beginning=True)
-            with torch.no_grad():
+            with torch.no_grad(), fairseq_mask_warning_silenced():
                 _, extra = teacher(src, src.ne(pad).sum(1), prev, alignment_layer=layer)
             src_mask = src.ne(pad) & src.ne(eos)
             fert = fertility_from_attention(extra["attn"][0], src_mask, tgt.ne(pad) & tgt.ne(eos))

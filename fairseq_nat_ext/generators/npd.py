@@ -27,11 +27,10 @@ checkpoint's ``--fertility-path`` directory is present, its ``method`` file must
 """
 import math
 import os
-import warnings
 
 import torch
 
-from ..compat import InputError
+from ..compat import InputError, fairseq_mask_warning_silenced
 from ..models.nat.nat_fertility import source_fertility_mask
 from .base import NATGeneratorBase
 from .projection import best_tokens, target_log_probs
@@ -102,9 +101,7 @@ def teacher_scores(teacher, src_tokens, src_lengths, order, tokens, lengths, pad
     prev, target = teacher_forced_inputs(tokens, lengths, pad, eos)
     enc = teacher.encoder(src_tokens, src_lengths=src_lengths)
     enc = teacher.encoder.reorder_encoder_out(enc, order)
-    with warnings.catch_warnings():
-        # fairseq's own decoder passes a bool padding mask beside its float causal mask (torch warns)
-        warnings.filterwarnings("ignore", message="Support for mismatched key_padding_mask")
+    with fairseq_mask_warning_silenced():
         feats, _ = teacher.decoder(prev, encoder_out=enc, features_only=True)
     V = teacher.decoder.output_projection.out_features if getattr(teacher.decoder, "output_projection", None) \
         is not None else len(teacher.decoder.dictionary)
