@@ -90,6 +90,45 @@ def test_rollin_runs_on_the_chosen_rows_only_with_the_same_result(model_task):
     model.train()
 
 
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+def test_paper_rollin_reuses_the_placeholder_pass_on_y0(model_task, monkeypatch, beta):
+    """No dropout, every row rolls in (alpha 0): the deletion policy's input is exactly the model's
+    own insertion of y0 made by a separate pass; where the insertion policy read y0 itself (beta 0:
+    every row), its placeholder pass is reused, so the forward makes 4 decoder passes, not 5; with
+    beta 1 the rows the model's deletion changed get their own placeholder pass."""
+    from fairseq_nat_ext.models.nat import levenshtein as lev
+    from fairseq_nat_ext.models.nat.edit_ops import rows_equal
+
+    model, task = model_task
+    model.args.levt_rollin, model.args.levt_alpha, model.args.levt_beta = "paper", 0.0, beta
+    seen = []
+    oracle = lev.levenshtein_oracle
+    monkeypatch.setattr(lev, "levenshtein_oracle", lambda h, t, p, m: seen.append(h.clone()) or oracle(h, t, p, m))
+    passes = []
+    states = model.decoder.states
+    monkeypatch.setattr(model.decoder, "states", lambda *a, **k: passes.append(1) or states(*a, **k))
+    sample = toy_batch(task)
+    src, lens, tgt = sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"], sample["target"]
+    torch.manual_seed(3)
+    y0 = model.inject_noise(tgt)
+    model.train()
+    with torch.no_grad():
+        model(src, lens, y0, tgt)
+        n_passes = len(passes)
+        enc = model.encoder(src, src_lengths=lens)
+        cap = lev.ROLLIN_MAX_RATIO * (tgt.ne(model.pad).sum(1) + 1)
+        want = model._model_insert(y0, enc, max_len=cap)
+        ins_in = model._model_delete(y0, enc) if beta else y0
+    got = seen[-1]
+    assert torch.equal(rows_equal(got, want, model.pad), torch.ones(len(y0), dtype=torch.bool))
+    same = rows_equal(ins_in, y0, model.pad)
+    # mask_ins + word_ins (+ beta: the model's deletion) + word_del, then the roll-in: rows that
+    # reuse the placeholder pass need only their word_ins pass, the others both passes
+    assert n_passes == 3 + (1 if beta else 0) + int(same.any()) + 2 * int((~same).any())
+    assert same.all() if not beta else True
+    model.args.levt_alpha, model.args.levt_beta = 0.5, 0.2
+
+
 def test_paper_rollin_is_cut_at_twice_the_target_length(model_task, monkeypatch):
     """An untrained placeholder classifier may ask for --max-placeholders in every slot; the
     deletion policy's roll-in input must stay near the target's size (it ran out of memory at

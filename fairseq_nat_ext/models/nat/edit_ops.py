@@ -28,6 +28,14 @@ def delete_tokens(tokens: Tensor, delete: Tensor, pad: int, bos: int, eos: int) 
     return trim(out, pad)
 
 
+def rows_equal(a: Tensor, b: Tensor, pad: int) -> Tensor:
+    """bool (B,): row b of ``a`` holds the same tokens as row b of ``b`` (right padding of any width)."""
+    w = max(a.size(1), b.size(1))
+    a = torch.nn.functional.pad(a, (0, w - a.size(1)), value=pad)
+    b = torch.nn.functional.pad(b, (0, w - b.size(1)), value=pad)
+    return a.eq(b).all(1)
+
+
 def insert_placeholders(tokens: Tensor, counts: Tensor, pad: int, mask: int, max_len: int = None) -> Tensor:
     """Insert ``counts[b, k]`` placeholders (``mask``) between token k and k+1 of each row.
 

@@ -15,8 +15,9 @@ oracle; no libnat).  y0 = the target with random deletions (fairseq's noise); th
   ``ROLLIN_MAX_RATIO`` times its target's length); labels from the oracle.  ``--levt-rollin fairseq``
   is fairseq's shortcut: the deletion policy reads the target with its placeholders filled by the
   model's token predictions.
-Roll-in passes run on the rolled-in rows only (with their encoder states), not on the whole batch.
-Roll-in passes run without gradient.  Sequences carry ``<s>`` ... ``</s>``; the dataset target has no
+Roll-in passes run on the rolled-in rows only (with their encoder states), not on the whole batch,
+without gradient; where the insertion policy's own (training) pass already read y0, its placeholder
+predictions are the deletion roll-in's first step (no second pass over the same rows).  Sequences carry ``<s>`` ... ``</s>``; the dataset target has no
 ``<s>``, the model adds it.
 """
 
@@ -31,7 +32,7 @@ from ...compat import InputError
 from ...oracles.levenshtein import levenshtein_oracle
 from ...tasks.nat_translation import MASK_SYMBOL
 from .base import SMALL, TINY, EditNATModel, arch_defaults
-from .edit_ops import delete_tokens, fill_placeholders, insert_placeholders, trim, with_bos
+from .edit_ops import delete_tokens, fill_placeholders, insert_placeholders, rows_equal, trim, with_bos
 
 #: paper roll-in: the model's own insertion output is cut at this multiple of the target's length
 ROLLIN_MAX_RATIO = 2
@@ -116,10 +117,14 @@ class LevenshteinModel(EditNATModel):
         return delete_tokens(tokens, dele, self.pad, self.bos, self.eos)
 
     @torch.no_grad()
-    def _model_insert(self, tokens, encoder_out, max_len=None):
+    def _model_insert(self, tokens, encoder_out, max_len=None, counts=None):
         """The model's greedy insertion (placeholders, then tokens); rows grow to at most ``max_len``
-        (an int or a (B,) tensor; default the decoder's max positions)."""
-        counts = self.decoder.forward_mask_ins(tokens, encoder_out).argmax(-1)
+        (an int or a (B,) tensor; default the decoder's max positions).  ``counts`` (B, >= T-1): the
+        placeholder counts when a pass over these very rows already predicted them."""
+        if counts is None:
+            counts = self.decoder.forward_mask_ins(tokens, encoder_out).argmax(-1)
+        else:
+            counts = counts[:, : tokens.size(1) - 1]
         limit = self.decoder.max_positions()
         max_len = limit if max_len is None else torch.as_tensor(max_len, device=tokens.device).clamp(max=limit)
         out = insert_placeholders(tokens, counts, self.pad, self.mask_idx, max_len=max_len)
@@ -145,9 +150,11 @@ class LevenshteinModel(EditNATModel):
         if a.levt_beta > 0:
             ins_in = self._replace_rows(y0, self._coin(a.levt_beta, B, dev), self._model_delete, enc)
         # the expert deletes what is not in the target: the insertion input is a subsequence of it
-        ins_in = delete_tokens(ins_in, levenshtein_oracle(ins_in, tgt, pad, mask).del_labels.bool(),
-                               pad, self.bos, self.eos)
+        # (y0 and the model's deletions of it already are, unless another noise made y0)
         o = levenshtein_oracle(ins_in, tgt, pad, mask)
+        if bool(o.del_labels.any()):
+            ins_in = delete_tokens(ins_in, o.del_labels.bool(), pad, self.bos, self.eos)
+            o = levenshtein_oracle(ins_in, tgt, pad, mask)
         T_in = ins_in.size(1)
         slots = torch.arange(T_in - 1, device=dev).unsqueeze(0) < (ins_in.ne(pad).sum(1) - 1).unsqueeze(1)
         mask_ins_tgt = o.ins_counts[:, 1:T_in].clamp(max=self.decoder.max_placeholders)
@@ -167,7 +174,15 @@ class LevenshteinModel(EditNATModel):
                 # untrained placeholder classifier asks for up to --max-placeholders per slot,
                 # and rows of max-positions tokens exhaust memory (and fill nothing worth deleting)
                 cap = ROLLIN_MAX_RATIO * tgt.ne(pad).sum(1)
-                del_in = self._replace_rows(y0, mine, self._model_insert, enc, max_len=cap[mine])
+                # where the insertion policy read y0 itself (rows not rolled in by beta), its
+                # placeholder pass is the model's own on y0 (training mode, like a roll-in pass):
+                # reuse its argmax instead of a second pass; the other rows get their own pass
+                reuse = mine & rows_equal(ins_in, y0, pad)
+                counts = mask_ins_out.detach().argmax(-1)
+                del_in = self._replace_rows(y0, reuse, self._model_insert, enc, max_len=cap[reuse],
+                                            counts=counts[reuse])
+                fresh = mine & ~reuse
+                del_in = self._replace_rows(del_in, fresh, self._model_insert, enc, max_len=cap[fresh])
         od = levenshtein_oracle(del_in, tgt, pad, mask)
         del_mask = del_in.ne(pad) & del_in.ne(self.bos) & del_in.ne(self.eos)
         word_del_out = self.decoder.forward_word_del(del_in, enc)
