@@ -1,5 +1,7 @@
 """iterative_refinement: each corruption noise does exactly what it says; the uniform copy; training
 passes (Y(t+1) from Y(t), denoising inputs); adaptive decoding."""
+import math
+
 import pytest
 import torch
 
@@ -132,10 +134,13 @@ def test_training_passes(built):
         assert [c for _, c, _ in seen] == [True, False, False]
         assert seen[0][0].eq(model.mask_idx).sum() == tgt.ne(1).sum()
         for (prev, _, out), (nxt, _, _) in zip(seen, seen[1:]):
-            lp = out.float()
+            lp = out.float().clone()
             lp[..., [0, 1, 2, model.mask_idx]] = float("-inf")
             assert torch.equal(nxt, lp.argmax(-1).masked_fill(tgt.eq(1), 1))
         assert all(f"word_ins_{i}-loss" in log for i in range(3)) and "length-loss" in log
+        # every pass' loss is finite: the argmax for the next pass must not write -inf into the
+        # logits the loss reads (it did, through .float() of a float32 tensor: the same tensor)
+        assert all(math.isfinite(v) for k, v in log.items() if k.endswith("loss")), log
         loss.backward()
         # denoising only, without noise: the refinement passes read the reference itself
         seen.clear()

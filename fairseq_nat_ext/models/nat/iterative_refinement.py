@@ -151,7 +151,7 @@ class IterativeRefinementModel(MaskPredictModel):
         length_out = self.decoder.forward_length(encoder_out)
         length_tgt = self.decoder.length_to_class(content.sum(1), encoder_out)
         L = int(self.args.train_refine_steps)
-        forbidden = [self.pad, self.bos, self.eos, self.mask_idx]
+        forbidden = torch.tensor([self.pad, self.bos, self.eos, self.mask_idx], device=tgt.device)
         out = {}
         inp = tgt.masked_fill(content, self.mask_idx)  # placeholders: pass 0 reads the copied source
         for step in range(L):
@@ -160,8 +160,9 @@ class IterativeRefinementModel(MaskPredictModel):
             if step == L - 1:
                 break
             with torch.no_grad():
-                lp = logits.detach().float()
-                lp[..., forbidden] = float("-inf")
+                # out of place: .float() of a float32 tensor is the tensor itself, and writing -inf
+                # into it made the loss of every pass but the last infinite
+                lp = logits.detach().index_fill(-1, forbidden, float("-inf"))
                 inp = lp.argmax(-1).masked_fill(~content, self.pad)
                 if self.training and self.args.dae_ratio > 0:
                     rows = torch.rand(tgt.size(0), device=tgt.device) < self.args.dae_ratio
