@@ -39,6 +39,7 @@ class FakeDecoder(nn.Module):
     def forward(self, prev_output_tokens, encoder_out=None, features_only=False):
         assert features_only
         self.calls += 1
+        self.rows = prev_output_tokens.size(0)
         assert encoder_out["src"].size(0) == prev_output_tokens.size(0)
         return torch.ones(prev_output_tokens.shape + (1,)), {}
 
@@ -147,6 +148,32 @@ def test_npd_picks_the_candidate_with_the_best_teacher_score(model_task):
         assert hyps[b][0]["steps"] == 1
     assert n_distinct > 0, "the sampled candidates differ from the argmax one"
     assert pad not in sum((h[0]["tokens"].tolist() for h in hyps), [])
+
+
+def test_npd_decodes_and_scores_each_distinct_candidate_once(model_task):
+    """A fertility sequence drawn twice for a sentence is decoded and scored once: the teacher sees one
+    row per distinct (sentence, fertilities) pair, and every candidate's tokens equal decoding its own
+    fertilities alone."""
+    task, model, _ = model_task
+    teacher = FakeTeacher(len(task.target_dictionary) - 1)
+    gen = NPDGenerator([model], task.target_dictionary, npd_samples=20, teacher=teacher)
+    sample = _sample(task)
+    src, src_len = sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"]
+    torch.manual_seed(5)
+    gen.generate([model], sample)
+    torch.manual_seed(5)
+    c = gen.candidates([model], src, src_len, 20)
+    B, s, S = c["fert"].shape
+    pairs = {(b, tuple(c["fert"][b, k].tolist())) for b in range(B) for k in range(s)}
+    assert teacher.decoder.rows == len(pairs) == c["unique"].numel() < B * s
+    assert torch.equal(c["inverse"][c["unique"]], torch.arange(len(pairs)))
+    with torch.no_grad():
+        for r in range(0, B * s, 7):
+            b = r // s
+            e = model.encoder(src[b:b + 1], src_lengths=src_len[b:b + 1])
+            alone = model.decoder(e, fertility=c["fert"][b, r % s].unsqueeze(0)).argmax(-1)[0]
+            n = int(c["lengths"][r])
+            assert n == alone.numel() and c["tokens"][r, :n].tolist() == alone.tolist()
 
 
 def test_teacher_scores_batched_equals_one_by_one(model_task):

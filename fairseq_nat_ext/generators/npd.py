@@ -8,7 +8,8 @@ Options (task config fields, read through ``configure``; fairseq-generate ``--np
 * s > 1: the argmax fertilities plus s - 1 fertility sequences sampled from the classifier (every
   source token independently), i.e. s candidates per sentence.  All B * s candidates are decoded in
   ONE batched decoder pass (argmax token per position), then ALL are scored by the teacher in ONE
-  teacher-forced forward pass (no autoregressive loop): score = the teacher's mean log-probability
+  teacher-forced forward pass (no autoregressive loop); a fertility sequence drawn more than once
+  for a sentence is decoded and scored once (its copies share the result): score = the teacher's mean log-probability
   of the candidate's tokens and ``</s>``.  The best-scoring candidate of each sentence is returned
   (ties: the lowest candidate, i.e. the argmax one first).  The teacher is a fairseq autoregressive
   checkpoint sharing the target dictionary (its symbols are a prefix of ours, which add ``<mask>``);
@@ -182,9 +183,12 @@ class NPDGenerator(NATGeneratorBase):
         return torch.logsumexp(torch.stack(outs), 0) - math.log(len(outs))
 
     def candidates(self, models, src_tokens, src_lengths, samples):
-        """Encode, pick fertilities, decode every candidate in one pass.  -> dict with fert (B, s, S),
-        tokens (N, T), lprobs (N, T), lengths (N,), order (N,) (N = B * s, candidate-major per
-        sentence)."""
+        """Encode, pick fertilities, decode every distinct candidate in one pass.  -> dict with fert
+        (B, s, S); tokens (N, T), lprobs (N, T), lengths (N,), order (N,) of all N = B * s
+        candidates (candidate-major per sentence); ``unique`` (U,) the candidate row that stands for
+        each distinct (sentence, fertilities) pair and ``inverse`` (N,) its position in ``unique``.
+        Decoding is a function of the fertilities (argmax tokens), so a fertility sequence drawn
+        twice for a sentence is decoded (and scored) once: with s = 100 most draws repeat."""
         B = src_tokens.size(0)
         enc = [m.encoder(src_tokens, src_lengths=src_lengths) for m in models]
         fert_lp = self._ensemble([m.decoder.forward_fertility(e, normalize=True) for m, e in zip(models, enc)])
@@ -192,20 +196,29 @@ class NPDGenerator(NATGeneratorBase):
         fert = candidate_fertilities(fert_lp, allowed, samples, real=src_tokens.ne(self.pad))
         order = torch.arange(B, device=src_tokens.device).repeat_interleave(samples)
         flat = fert.view(B * samples, -1)
+        if samples > 1:
+            _, inverse = torch.unique(torch.cat([order.unsqueeze(1), flat], 1), dim=0, return_inverse=True)
+            # the first candidate row of every distinct pair (scatter_reduce amin: lowest row index)
+            rows = torch.arange(B * samples, device=flat.device)
+            unique = torch.full((int(inverse.max()) + 1,), B * samples, dtype=torch.long, device=flat.device)
+            unique = unique.scatter_reduce(0, inverse, rows, reduce="amin")
+        else:
+            unique, inverse = torch.arange(B, device=flat.device), torch.arange(B, device=flat.device)
         max_len = self.max_len
         if self.teacher is not None and samples > 1 and hasattr(self.teacher, "max_decoder_positions"):
             max_len = min(max_len, self.teacher.max_decoder_positions() - 1)
         feats, valid = [], None
         for m, e in zip(models, enc):
-            e = m.encoder.reorder_encoder_out(e, order)
-            copied = m.decoder.copy_source(e, flat, max_len=max_len)
+            e = m.encoder.reorder_encoder_out(e, order[unique])
+            copied = m.decoder.copy_source(e, flat[unique], max_len=max_len)
             valid = copied[1]
             feats.append(m.decoder(e, copied=copied, features_only=True))
         tokens, lprobs = best_tokens(feats, [m.decoder.output_layer for m in models],
                                      len(self.tgt_dict), self.forbidden)
-        tokens = tokens.masked_fill(~valid, self.pad)
-        lprobs = lprobs.masked_fill(~valid, 0.0)
-        return {"fert": fert, "tokens": tokens, "lprobs": lprobs, "lengths": valid.sum(1), "order": order}
+        tokens = tokens.masked_fill(~valid, self.pad)[inverse]
+        lprobs = lprobs.masked_fill(~valid, 0.0)[inverse]
+        return {"fert": fert, "tokens": tokens, "lprobs": lprobs, "lengths": valid.sum(1)[inverse], "order": order,
+                "unique": unique, "inverse": inverse}
 
     @torch.no_grad()
     def generate(self, models, sample, prefix_tokens=None, constraints=None, **unused):
@@ -222,8 +235,9 @@ class NPDGenerator(NATGeneratorBase):
         c = self.candidates(models, src_tokens, src_lengths, s)
         lengths = c["lengths"]
         if s > 1:
-            scores = teacher_scores(self.teacher, src_tokens, src_lengths, c["order"], c["tokens"], lengths,
-                                    self.pad, self.eos)
+            u = c["unique"]
+            scores = teacher_scores(self.teacher, src_tokens, src_lengths, c["order"][u], c["tokens"][u],
+                                    lengths[u], self.pad, self.eos)[c["inverse"]]
         else:
             scores = c["lprobs"].sum(1) / lengths.clamp(min=1)
         best = scores.view(B, s).argmax(1) + torch.arange(B, device=scores.device) * s
