@@ -176,6 +176,44 @@ def test_npd_decodes_and_scores_each_distinct_candidate_once(model_task):
             assert n == alone.numel() and c["tokens"][r, :n].tolist() == alone.tolist()
 
 
+def test_length_chunks():
+    from fairseq_nat_ext.generators.npd import length_chunks
+
+    lengths = torch.tensor([5, 1, 9, 3, 3, 40, 2])
+    groups = length_chunks(lengths, max_tokens=10)
+    assert sorted(torch.cat(groups).tolist()) == list(range(7))
+    for g in groups:
+        assert len(g) == 1 or len(g) * int(lengths[g].max()) <= 10
+    assert [lengths[g].tolist() for g in groups] == [[1, 2, 3], [3, 5], [9], [40]]
+    assert length_chunks(torch.tensor([4, 4]), max_tokens=100)[0].tolist() == [0, 1]
+
+
+def test_npd_in_length_groups_equals_one_pass(model_task, monkeypatch):
+    """A small NPD_CHUNK_TOKENS splits the candidates of a batch into several decoder and teacher
+    passes; hypotheses, scores and every candidate's score stay the same."""
+    from fairseq_nat_ext.generators import npd
+
+    task, model, _ = model_task
+    teacher = FakeTeacher(len(task.target_dictionary) - 1)
+    sample = _sample(task)
+
+    def run():
+        gen = NPDGenerator([model], task.target_dictionary, npd_samples=6, teacher=teacher)
+        torch.manual_seed(11)
+        return gen.generate([model], sample)
+
+    one = run()
+    assert teacher.decoder.calls == 1
+    monkeypatch.setattr(npd, "NPD_CHUNK_TOKENS", 24)
+    teacher.decoder.calls = 0
+    many = run()
+    assert teacher.decoder.calls > 2
+    for a, b in zip(one, many):
+        assert a[0]["tokens"].tolist() == b[0]["tokens"].tolist()
+        assert torch.allclose(a[0]["npd_scores"], b[0]["npd_scores"], atol=1e-6)
+        assert torch.allclose(a[0]["positional_scores"], b[0]["positional_scores"], atol=1e-5)
+
+
 def test_teacher_scores_batched_equals_one_by_one(model_task):
     task, model, _ = model_task
     teacher = FakeTeacher(len(task.target_dictionary) - 1)

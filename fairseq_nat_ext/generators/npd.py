@@ -9,7 +9,10 @@ Options (task config fields, read through ``configure``; fairseq-generate ``--np
   source token independently), i.e. s candidates per sentence.  All B * s candidates are decoded in
   ONE batched decoder pass (argmax token per position), then ALL are scored by the teacher in ONE
   teacher-forced forward pass (no autoregressive loop); a fertility sequence drawn more than once
-  for a sentence is decoded and scored once (its copies share the result): score = the teacher's mean log-probability
+  for a sentence is decoded and scored once (its copies share the result).  Large batches (e.g.
+  128 sentences x 100 samples) are decoded and scored in length-sorted groups of at most
+  ``NPD_CHUNK_TOKENS`` candidate tokens, one pass each, so memory stays bounded; one sentence's
+  candidates are one group: score = the teacher's mean log-probability
   of the candidate's tokens and ``</s>``.  The best-scoring candidate of each sentence is returned
   (ties: the lowest candidate, i.e. the argmax one first).  The teacher is a fairseq autoregressive
   checkpoint sharing the target dictionary (its symbols are a prefix of ours, which add ``<mask>``);
@@ -95,12 +98,12 @@ def teacher_forced_inputs(tokens, lengths, pad, eos):
 
 
 @torch.no_grad()
-def teacher_scores(teacher, src_tokens, src_lengths, order, tokens, lengths, pad, eos):
+def teacher_scores(teacher, src_tokens, src_lengths, order, tokens, lengths, pad, eos, encoder_out=None):
     """Mean log-probability of every candidate (and its ``</s>``) under the teacher, one teacher-forced
-    pass: the teacher encodes the B sources once, the candidate rows (N = B * s, ``order`` maps each
-    to its source row) go through its decoder together -> (N,)."""
+    pass: the teacher encodes the B sources once (or takes their ``encoder_out``), the candidate rows
+    (N, ``order`` maps each to its source row) go through its decoder together -> (N,)."""
     prev, target = teacher_forced_inputs(tokens, lengths, pad, eos)
-    enc = teacher.encoder(src_tokens, src_lengths=src_lengths)
+    enc = teacher.encoder(src_tokens, src_lengths=src_lengths) if encoder_out is None else encoder_out
     enc = teacher.encoder.reorder_encoder_out(enc, order)
     with fairseq_mask_warning_silenced():
         feats, _ = teacher.decoder(prev, encoder_out=enc, features_only=True)
@@ -111,6 +114,28 @@ def teacher_scores(teacher, src_tokens, src_lengths, order, tokens, lengths, pad
     lp = target_log_probs(feats, teacher.decoder.output_layer, target, V)
     keep = target.ne(pad)
     return torch.where(keep, lp, torch.zeros_like(lp)).sum(1) / keep.sum(1)
+
+
+#: candidate tokens per decoder / teacher pass (rows x the longest row): NPD over a large batch
+#: (128 sentences x 100 samples) runs in as many length-sorted passes as this budget needs; one
+#: sentence's 100 candidates fit in one
+NPD_CHUNK_TOKENS = 16384
+
+
+def length_chunks(lengths, max_tokens=None):
+    """lengths (U,) -> index tensors covering 0..U-1 once: rows sorted by length, grouped so that rows x
+    the group's longest row <= max_tokens (default ``NPD_CHUNK_TOKENS``; a longer row alone)."""
+    max_tokens = NPD_CHUNK_TOKENS if max_tokens is None else max_tokens
+    order = torch.argsort(lengths, stable=True)
+    L = lengths[order].clamp(min=1).tolist()
+    groups, start = [], 0
+    for i, n in enumerate(L):
+        if i > start and (i - start + 1) * n > max_tokens:
+            groups.append(order[start:i])
+            start = i
+    if L:
+        groups.append(order[start:])
+    return groups
 
 
 class NPDGenerator(NATGeneratorBase):
@@ -183,7 +208,8 @@ class NPDGenerator(NATGeneratorBase):
         return torch.logsumexp(torch.stack(outs), 0) - math.log(len(outs))
 
     def candidates(self, models, src_tokens, src_lengths, samples):
-        """Encode, pick fertilities, decode every distinct candidate in one pass.  -> dict with fert
+        """Encode, pick fertilities, decode every distinct candidate (one pass per length group of
+        :func:`length_chunks`, ``chunks``; one group for one sentence).  -> dict with fert
         (B, s, S); tokens (N, T), lprobs (N, T), lengths (N,), order (N,) of all N = B * s
         candidates (candidate-major per sentence); ``unique`` (U,) the candidate row that stands for
         each distinct (sentence, fertilities) pair and ``inverse`` (N,) its position in ``unique``.
@@ -207,18 +233,25 @@ class NPDGenerator(NATGeneratorBase):
         max_len = self.max_len
         if self.teacher is not None and samples > 1 and hasattr(self.teacher, "max_decoder_positions"):
             max_len = min(max_len, self.teacher.max_decoder_positions() - 1)
-        feats, valid = [], None
-        for m, e in zip(models, enc):
-            e = m.encoder.reorder_encoder_out(e, order[unique])
-            copied = m.decoder.copy_source(e, flat[unique], max_len=max_len)
-            valid = copied[1]
-            feats.append(m.decoder(e, copied=copied, features_only=True))
-        tokens, lprobs = best_tokens(feats, [m.decoder.output_layer for m in models],
-                                     len(self.tgt_dict), self.forbidden)
-        tokens = tokens.masked_fill(~valid, self.pad)[inverse]
-        lprobs = lprobs.masked_fill(~valid, 0.0)[inverse]
-        return {"fert": fert, "tokens": tokens, "lprobs": lprobs, "lengths": valid.sum(1)[inverse], "order": order,
-                "unique": unique, "inverse": inverse}
+        u_len = flat[unique].sum(1).clamp(max=max_len)  # each distinct candidate's output length
+        U, T = unique.numel(), int(u_len.max())
+        tokens = torch.full((U, T), self.pad, dtype=torch.long, device=flat.device)
+        lprobs = torch.zeros((U, T), dtype=torch.float, device=flat.device)
+        chunks = length_chunks(u_len)
+        for idx in chunks:
+            rows, feats, valid = unique[idx], [], None
+            for m, e in zip(models, enc):
+                e = m.encoder.reorder_encoder_out(e, order[rows])
+                copied = m.decoder.copy_source(e, flat[rows], max_len=max_len)
+                valid = copied[1]
+                feats.append(m.decoder(e, copied=copied, features_only=True))
+            tok, lp = best_tokens(feats, [m.decoder.output_layer for m in models], len(self.tgt_dict),
+                                  self.forbidden)
+            n = tok.size(1)
+            tokens[idx, :n] = tok.masked_fill(~valid, self.pad)
+            lprobs[idx, :n] = lp.masked_fill(~valid, 0.0)
+        return {"fert": fert, "tokens": tokens[inverse], "lprobs": lprobs[inverse], "lengths": u_len[inverse],
+                "order": order, "unique": unique, "inverse": inverse, "chunks": chunks}
 
     @torch.no_grad()
     def generate(self, models, sample, prefix_tokens=None, constraints=None, **unused):
@@ -236,8 +269,15 @@ class NPDGenerator(NATGeneratorBase):
         lengths = c["lengths"]
         if s > 1:
             u = c["unique"]
-            scores = teacher_scores(self.teacher, src_tokens, src_lengths, c["order"][u], c["tokens"][u],
-                                    lengths[u], self.pad, self.eos)[c["inverse"]]
+            enc = self.teacher.encoder(src_tokens, src_lengths=src_lengths)
+            u_scores = lengths.new_zeros(u.numel(), dtype=torch.float)
+            for idx in c["chunks"]:  # the decoder's length-sorted groups (one at batch 1)
+                rows = u[idx]
+                n = int(lengths[rows].max())
+                u_scores[idx] = teacher_scores(self.teacher, src_tokens, src_lengths, c["order"][rows],
+                                               c["tokens"][rows, :n], lengths[rows], self.pad, self.eos,
+                                               encoder_out=enc)
+            scores = u_scores[c["inverse"]]
         else:
             scores = c["lprobs"].sum(1) / lengths.clamp(min=1)
         best = scores.view(B, s).argmax(1) + torch.arange(B, device=scores.device) * s
