@@ -8,13 +8,13 @@ Options (task config fields, read through ``configure``; fairseq-generate ``--np
 * s > 1: the argmax fertilities plus s - 1 fertility sequences sampled from the classifier (every
   source token independently), i.e. s candidates per sentence.  All B * s candidates are decoded in
   ONE batched decoder pass (argmax token per position), then ALL are scored by the teacher in ONE
-  teacher-forced forward pass (no autoregressive loop); a fertility sequence drawn more than once
-  for a sentence is decoded and scored once (its copies share the result).  Large batches (e.g.
-  128 sentences x 100 samples) are decoded and scored in length-sorted groups of at most
-  ``NPD_CHUNK_TOKENS`` candidate tokens, one pass each, so memory stays bounded; one sentence's
-  candidates are one group: score = the teacher's mean log-probability
+  teacher-forced forward pass (no autoregressive loop): score = the teacher's mean log-probability
   of the candidate's tokens and ``</s>``.  The best-scoring candidate of each sentence is returned
-  (ties: the lowest candidate, i.e. the argmax one first).  The teacher is a fairseq autoregressive
+  (ties: the lowest candidate, i.e. the argmax one first).  A fertility sequence drawn more than once
+  for a sentence is decoded and scored once (its copies share the result).  Large batches (e.g. 128
+  sentences x 100 samples) are decoded and scored in length-sorted groups of at most
+  ``NPD_CHUNK_TOKENS`` candidate tokens, one pass each, so memory stays bounded; one sentence's
+  candidates are one group.  The teacher is a fairseq autoregressive
   checkpoint sharing the target dictionary (its symbols are a prefix of ours, which add ``<mask>``);
   it is loaded once per process and moved to the decoding device.
 * A candidate has at least one output token: when all of its fertilities are 0, its first source
