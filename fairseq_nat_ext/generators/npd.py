@@ -29,7 +29,6 @@ Benchmark decoding keys (``decoding_keys``): ``npd`` (= ``--npd-samples``) and `
 label naming how the model's training fertilities were made (``aligner``/``attention``); when the
 checkpoint's ``--fertility-path`` directory is present, its ``method`` file must agree with it.
 """
-import functools
 import math
 import os
 
@@ -37,7 +36,6 @@ import torch
 
 from ..compat import InputError, fairseq_mask_warning_silenced
 from ..models.nat.nat_fertility import source_fertility_mask
-from ..modules.vocab_projection import vocab_logits
 from .base import NATGeneratorBase
 from .projection import best_tokens, target_log_probs
 
@@ -113,7 +111,7 @@ def teacher_scores(teacher, src_tokens, src_lengths, order, tokens, lengths, pad
         is not None else len(teacher.decoder.dictionary)
     if int(target.max()) >= V:
         raise InputError(f"npd: a candidate holds symbol {int(target.max())}, outside the teacher's {V}")
-    lp = target_log_probs(feats, functools.partial(vocab_logits, teacher.decoder), target, V)
+    lp = target_log_probs(feats, teacher.decoder.output_layer, target, V)
     keep = target.ne(pad)
     return torch.where(keep, lp, torch.zeros_like(lp)).sum(1) / keep.sum(1)
 
@@ -247,8 +245,8 @@ class NPDGenerator(NATGeneratorBase):
                 copied = m.decoder.copy_source(e, flat[rows], max_len=max_len)
                 valid = copied[1]
                 feats.append(m.decoder(e, copied=copied, features_only=True))
-            tok, lp = best_tokens(feats, [functools.partial(vocab_logits, m.decoder) for m in models],
-                                  len(self.tgt_dict), self.forbidden)
+            tok, lp = best_tokens(feats, [m.decoder.output_layer for m in models], len(self.tgt_dict),
+                                  self.forbidden)
             n = tok.size(1)
             tokens[idx, :n] = tok.masked_fill(~valid, self.pad)
             lprobs[idx, :n] = lp.masked_fill(~valid, 0.0)
