@@ -77,3 +77,14 @@ def test_random_delete_keeps_an_ordered_subsequence_with_ends():
         if len(s) == 14:
             sizes.add(len(o))
     assert len(sizes) > 3, "the number of kept tokens is drawn per sentence"
+
+
+def test_pad_to_and_rows_equal():
+    from fairseq_nat_ext.models.nat.edit_ops import pad_to, rows_equal
+
+    a = torch.tensor([[0, 5, 2], [0, 2, 1]])
+    assert pad_to(a, 5, 1).tolist() == [[0, 5, 2, 1, 1], [0, 2, 1, 1, 1]]
+    assert pad_to(a.bool(), 4, False).tolist() == [[False, True, True, False], [False, True, True, False]]
+    b = torch.tensor([[0, 5, 2, 1, 1], [0, 6, 2, 1, 1]])  # the same rows 0, wider padding
+    assert rows_equal(a, b, pad=1).tolist() == [True, False]
+    assert rows_equal(b, a, pad=1).tolist() == [True, False]

@@ -14,7 +14,7 @@ with ``--retain-iter-history``, one entry per operation: {"op": "delete"|"insert
 
 import torch
 
-from ..models.nat.edit_ops import delete_tokens, fill_placeholders, insert_placeholders, trim
+from ..models.nat.edit_ops import delete_tokens, fill_placeholders, insert_placeholders, rows_equal, trim
 
 
 class EditGenerator:
@@ -100,8 +100,7 @@ class EditGenerator:
             hist = [history[i] for i in active.tolist()] if history is not None else None
             new_tok, new_sc = self._round(model, tokens, scores, e, hist)
             steps[active] += 1
-            w = max(new_tok.size(1), tokens.size(1))
-            same = (_pad_to(new_tok, w, self.pad) == _pad_to(tokens, w, self.pad)).all(1)
+            same = rows_equal(new_tok, tokens, self.pad)
             done = same if self.adaptive else torch.zeros_like(same)
             for j in done.nonzero().flatten().tolist():
                 final_tok[int(active[j])], final_sc[int(active[j])] = new_tok[j], new_sc[j]
@@ -124,10 +123,6 @@ class EditGenerator:
                 hyp["history_ops"] = [h["op"] for h in history[i]]
             out.append([hyp])
         return out
-
-
-def _pad_to(t, w, pad):
-    return torch.nn.functional.pad(t, (0, w - t.size(1)), value=pad)
 
 
 def _close_up(scores_with_nan, width):

@@ -23,7 +23,7 @@ are dropped from the right.  ``steps`` counts the decoder passes of each row.
 import torch
 
 from ..compat import InputError
-from ..models.nat.edit_ops import fill_placeholders, insert_placeholders, trim
+from ..models.nat.edit_ops import fill_placeholders, insert_placeholders, pad_to, trim
 from ..models.nat.kermit import absent_like, first_eos, pair_canvas
 from .edit import _spread
 
@@ -140,10 +140,10 @@ class KermitGenerator:
             steps[idx] += 1
             grew = t.ne(self.pad).sum(1) > tokens[idx].ne(self.pad).sum(1)
             w = max(t.size(1), tokens.size(1))
-            tokens, open_, scores = (_pad(tokens, w, self.pad), _pad(open_, w, False), _pad(scores, w, 0.0))
-            tokens[idx] = _pad(t, w, self.pad)
-            open_[idx] = _pad(o, w, False)
-            scores[idx] = _pad(s, w, 0.0)
+            tokens, open_, scores = (pad_to(tokens, w, self.pad), pad_to(open_, w, False), pad_to(scores, w, 0.0))
+            tokens[idx] = pad_to(t, w, self.pad)
+            open_[idx] = pad_to(o, w, False)
+            scores[idx] = pad_to(s, w, 0.0)
             active[idx] = grew
             if history is not None:
                 for j, i in enumerate(idx.tolist()):
@@ -203,7 +203,3 @@ class KermitGenerator:
         if scores is None:
             return toks, None
         return toks, torch.cat([scores[lo:hi], scores.new_zeros(1)])
-
-
-def _pad(t, w, value):
-    return torch.nn.functional.pad(t, (0, w - t.size(1)), value=value)

@@ -28,12 +28,15 @@ def delete_tokens(tokens: Tensor, delete: Tensor, pad: int, bos: int, eos: int) 
     return trim(out, pad)
 
 
+def pad_to(t: Tensor, width: int, value) -> Tensor:
+    """(B, T) -> (B, width): right-padded with ``value`` (width >= T)."""
+    return torch.nn.functional.pad(t, (0, width - t.size(1)), value=value)
+
+
 def rows_equal(a: Tensor, b: Tensor, pad: int) -> Tensor:
     """bool (B,): row b of ``a`` holds the same tokens as row b of ``b`` (right padding of any width)."""
     w = max(a.size(1), b.size(1))
-    a = torch.nn.functional.pad(a, (0, w - a.size(1)), value=pad)
-    b = torch.nn.functional.pad(b, (0, w - b.size(1)), value=pad)
-    return a.eq(b).all(1)
+    return pad_to(a, w, pad).eq(pad_to(b, w, pad)).all(1)
 
 
 def insert_placeholders(tokens: Tensor, counts: Tensor, pad: int, mask: int, max_len: int = None) -> Tensor:

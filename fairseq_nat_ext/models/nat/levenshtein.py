@@ -17,8 +17,8 @@ oracle; no libnat).  y0 = the target with random deletions (fairseq's noise); th
   model's token predictions.
 Roll-in passes run on the rolled-in rows only (with their encoder states), not on the whole batch,
 without gradient; where the insertion policy's own (training) pass already read y0, its placeholder
-predictions are the deletion roll-in's first step (no second pass over the same rows).  Sequences carry ``<s>`` ... ``</s>``; the dataset target has no
-``<s>``, the model adds it.
+predictions are the deletion roll-in's first step (no second pass over the same rows).  Sequences
+carry ``<s>`` ... ``</s>``; the dataset target has no ``<s>``, the model adds it.
 """
 
 import torch
@@ -32,7 +32,8 @@ from ...compat import InputError
 from ...oracles.levenshtein import levenshtein_oracle
 from ...tasks.nat_translation import MASK_SYMBOL
 from .base import SMALL, TINY, EditNATModel, arch_defaults
-from .edit_ops import delete_tokens, fill_placeholders, insert_placeholders, rows_equal, trim, with_bos
+from .edit_ops import (delete_tokens, fill_placeholders, insert_placeholders, pad_to, rows_equal, trim,
+                       with_bos)
 
 #: paper roll-in: the model's own insertion output is cut at this multiple of the target's length
 ROLLIN_MAX_RATIO = 2
@@ -107,8 +108,8 @@ class LevenshteinModel(EditNATModel):
         pad = self.pad
         new = policy(trim(base[idx], pad), self.encoder.reorder_encoder_out(encoder_out, idx), **kwargs)
         w = max(base.size(1), new.size(1))
-        out = F.pad(base, (0, w - base.size(1)), value=pad)
-        out[idx] = F.pad(new, (0, w - new.size(1)), value=pad)
+        out = pad_to(base, w, pad)
+        out[idx] = pad_to(new, w, pad)
         return trim(out, pad)
 
     @torch.no_grad()

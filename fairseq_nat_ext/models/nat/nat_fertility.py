@@ -38,6 +38,7 @@ from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 
 from ...compat import InputError
+from ...modules.attention.partials import additive
 from .base import SMALL, TINY, PluginNATModel, arch_defaults
 from .mask_predict import content_target
 
@@ -180,8 +181,7 @@ class FertilityDecoder(FairseqNATDecoder):
             # the self-attention gets the padding inside its float mask, (B * heads, T, T): fairseq
             # passes key_padding_mask as bool, and torch warns about a bool one beside a float attn_mask
             heads = self.layers[0].self_attn.num_heads if len(self.layers) else 1
-            add = torch.zeros_like(self_pad, dtype=x.dtype).masked_fill_(self_pad, float("-inf"))
-            mask = (mask.unsqueeze(0) + add.unsqueeze(1)).repeat_interleave(heads, 0)
+            mask = (mask.unsqueeze(0) + additive(~self_pad, x.dtype).unsqueeze(1)).repeat_interleave(heads, 0)
         for layer in self.layers:
             x = layer(x, enc, enc_pad, self_attn_mask=mask, self_attn_padding_mask=self_pad,
                       positions=positions)
