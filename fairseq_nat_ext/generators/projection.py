@@ -1,5 +1,8 @@
 """Vocabulary projections of many decoder rows at once without materialising (rows, T, V) log-probs:
-rows are projected in chunks of at most ``max_elements`` logits (the decoder stack itself ran once)."""
+positions are projected in chunks of at most ``max_elements`` logits (the decoder stack itself ran
+once).  Given a ``keep`` mask, only those positions are projected: NAT candidates of one batch are
+padded to the longest (a sampled fertility can make one candidate 3x the others), and the projection
+onto the vocabulary is the costly part of a pass -- padding is never projected."""
 import math
 
 import torch
@@ -22,25 +25,45 @@ def ensemble_log_probs(features, output_layers, a, b):
     return torch.logsumexp(torch.stack(outs), 0) - math.log(len(outs))
 
 
-def best_tokens(features, output_layers, vocab_size, forbidden, max_elements=MAX_ELEMENTS):
+def _positions(features, keep):
+    """(N, T, C) features -> (M, C) rows of the kept positions (all N * T when keep is None), as one
+    contiguous 2-D block (a batched product against the vocabulary matrix is much slower on CPU)."""
+    C = features.size(-1)
+    return features.reshape(-1, C) if keep is None else features[keep]
+
+
+def best_tokens(features, output_layers, vocab_size, forbidden, max_elements=MAX_ELEMENTS, keep=None):
     """features: one (N, T, C) tensor per model; output_layers: their vocabulary projections ->
-    (argmax token (N, T), its log-prob (N, T)); ``forbidden`` symbols are never chosen."""
+    (argmax token (N, T), its log-prob (N, T)); ``forbidden`` symbols are never chosen.  ``keep``
+    (bool (N, T), optional): only these positions are projected; the others get token 0, log-prob 0."""
     N, T = features[0].shape[:2]
-    tokens = torch.empty((N, T), dtype=torch.long, device=features[0].device)
-    scores = torch.empty((N, T), dtype=torch.float, device=features[0].device)
-    for a, b in chunks(N, T * vocab_size, max_elements):
-        lp = ensemble_log_probs(features, output_layers, a, b)
+    rows = [_positions(f, keep) for f in features]
+    M = rows[0].size(0)
+    tok = torch.zeros((M,), dtype=torch.long, device=features[0].device)
+    lp_best = torch.zeros((M,), dtype=torch.float, device=features[0].device)
+    for a, b in chunks(M, vocab_size, max_elements):
+        lp = ensemble_log_probs(rows, output_layers, a, b)
         lp[..., forbidden] = float("-inf")
-        scores[a:b], tokens[a:b] = lp.max(-1)
-    return tokens, scores
+        lp_best[a:b], tok[a:b] = lp.max(-1)
+    return _unflatten(tok, keep, N, T), _unflatten(lp_best, keep, N, T)
 
 
-def target_log_probs(features, output_layer, target, vocab_size, max_elements=MAX_ELEMENTS):
+def target_log_probs(features, output_layer, target, vocab_size, max_elements=MAX_ELEMENTS, keep=None):
     """features (N, T, C), target (N, T) ids < vocab_size -> log p(target) (N, T) under
-    ``output_layer`` (float32)."""
+    ``output_layer`` (float32); with ``keep`` (bool (N, T)) only those positions (0 elsewhere)."""
     N, T = target.shape
-    out = torch.empty((N, T), dtype=torch.float, device=features.device)
-    for a, b in chunks(N, T * vocab_size, max_elements):
-        lp = F.log_softmax(output_layer(features[a:b]).float(), -1)
-        out[a:b] = lp.gather(-1, target[a:b].unsqueeze(-1)).squeeze(-1)
-    return out
+    rows = _positions(features, keep)
+    tgt = target.reshape(-1) if keep is None else target[keep]
+    out = torch.empty((rows.size(0),), dtype=torch.float, device=features.device)
+    for a, b in chunks(rows.size(0), vocab_size, max_elements):
+        lp = F.log_softmax(output_layer(rows[a:b]).float(), -1)
+        out[a:b] = lp.gather(-1, tgt[a:b].unsqueeze(-1)).squeeze(-1)
+    return _unflatten(out, keep, N, T)
+
+
+def _unflatten(values, keep, N, T):
+    if keep is None:
+        return values.view(N, T)
+    full = values.new_zeros((N, T))
+    full[keep] = values
+    return full

@@ -42,9 +42,9 @@ class RefinementGenerator(NATGeneratorBase):
     def _pass(self, models, enc, inp, first):
         """One decoder pass of every model on rows ``inp`` (N, T) -> (tokens, log-probs) (N, T)."""
         feats = [m.decoder(inp, e, copy_source=first, features_only=True) for m, e in zip(models, enc)]
-        tokens, lp = best_tokens(feats, [m.decoder.output_layer for m in models], len(self.tgt_dict),
-                                 self.forbidden)
         valid = inp.ne(self.pad)
+        tokens, lp = best_tokens(feats, [m.decoder.output_layer for m in models], len(self.tgt_dict),
+                                 self.forbidden, keep=valid)
         return tokens.masked_fill(~valid, self.pad), lp.masked_fill(~valid, 0.0)
 
     @torch.no_grad()
