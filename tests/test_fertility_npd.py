@@ -39,7 +39,7 @@ class FakeDecoder(nn.Module):
     def forward(self, prev_output_tokens, encoder_out=None, features_only=False):
         assert features_only
         self.calls += 1
-        self.rows = getattr(self, "rows", 0) + prev_output_tokens.size(0)  # over all passes
+        self.rows = prev_output_tokens.size(0)
         assert encoder_out["src"].size(0) == prev_output_tokens.size(0)
         return torch.ones(prev_output_tokens.shape + (1,)), {}
 
@@ -100,10 +100,7 @@ def test_candidate_fertilities():
     assert torch.allclose(freq, torch.tensor([0.5, 0.25, 0.25]), atol=0.04)
 
 
-def test_npd_picks_the_candidate_with_the_best_teacher_score(model_task, monkeypatch):
-    from fairseq_nat_ext.generators import npd
-
-    monkeypatch.setattr(npd, "NPD_PASS_TOKENS", 10 ** 6)  # passes dear: one group, whatever the padding
+def test_npd_picks_the_candidate_with_the_best_teacher_score(model_task):
     task, model, _ = model_task
     V = len(task.target_dictionary) - 1  # the teacher's dictionary lacks <mask>
     teacher = FakeTeacher(V)
@@ -179,48 +176,16 @@ def test_npd_decodes_and_scores_each_distinct_candidate_once(model_task):
             assert n == alone.numel() and c["tokens"][r, :n].tolist() == alone.tolist()
 
 
-def _best_cost_by_enumeration(lengths, max_tokens, pass_tokens):
-    """Slow reference: every way of cutting the sorted rows into consecutive groups at changes of
-    length, each run in pieces of at most max_tokens // longest rows -> the least total of chunk_cost."""
-    import itertools
-
-    from fairseq_nat_ext.generators.npd import chunk_cost
-
-    L = sorted(max(1, x) for x in lengths)
-    best = None
-    changes = [i for i in range(1, len(L)) if L[i] != L[i - 1]]
-    for k in range(len(changes) + 1):
-        for cuts in itertools.combinations(changes, k):
-            edges = (0,) + cuts + (len(L),)
-            c = sum(chunk_cost(b - a, L[b - 1], max_tokens, pass_tokens) for a, b in zip(edges, edges[1:]))
-            best = c if best is None else min(best, c)
-    return best
-
-
-def test_length_chunks_minimise_padded_tokens_plus_passes():
+def test_length_chunks():
     from fairseq_nat_ext.generators.npd import length_chunks
 
-    def piece_cost(groups, lengths, pass_tokens):
-        return sum(len(g) * int(lengths[g].max()) + pass_tokens for g in groups)
-
-    torch.manual_seed(0)
-    cases = [torch.tensor([5, 1, 9, 3, 3, 40, 2]), torch.tensor([12, 13, 13, 14, 14, 14, 15, 16, 40]),
-             torch.tensor([4, 4]), torch.tensor([7])] + [torch.randint(1, 30, (n,)) for n in (3, 6, 9, 10)]
-    for lengths in cases:
-        for max_tokens, pass_tokens in ((16384, 48), (10, 48), (40, 5), (1000, 0)):
-            groups = length_chunks(lengths, max_tokens=max_tokens, pass_tokens=pass_tokens)
-            assert sorted(torch.cat(groups).tolist()) == list(range(len(lengths)))
-            for g in groups:  # memory bound; sorted consecutive rows
-                assert len(g) == 1 or len(g) * int(lengths[g].max()) <= max_tokens
-            # pieces padded to their own longest never cost more than the optimum of the groups
-            assert piece_cost(groups, lengths, pass_tokens) <= _best_cost_by_enumeration(
-                lengths.tolist(), max_tokens, pass_tokens)
-    lengths = torch.tensor([12, 13, 13, 14, 14, 14, 15, 16, 40])
-    assert [lengths[g].tolist() for g in length_chunks(lengths, pass_tokens=48)] == [
-        [12, 13, 13, 14, 14, 14, 15, 16], [40]]  # the outlier alone: 8 x 24 padded tokens saved
-    assert len(length_chunks(lengths, pass_tokens=10 ** 6)) == 1  # passes dear: one group
+    lengths = torch.tensor([5, 1, 9, 3, 3, 40, 2])
+    groups = length_chunks(lengths, max_tokens=10)
+    assert sorted(torch.cat(groups).tolist()) == list(range(7))
+    for g in groups:
+        assert len(g) == 1 or len(g) * int(lengths[g].max()) <= 10
+    assert [lengths[g].tolist() for g in groups] == [[1, 2, 3], [3, 5], [9], [40]]
     assert length_chunks(torch.tensor([4, 4]), max_tokens=100)[0].tolist() == [0, 1]
-    assert length_chunks(torch.tensor([], dtype=torch.long)) == []
 
 
 def test_npd_in_length_groups_equals_one_pass(model_task, monkeypatch):
@@ -237,7 +202,6 @@ def test_npd_in_length_groups_equals_one_pass(model_task, monkeypatch):
         torch.manual_seed(11)
         return gen.generate([model], sample)
 
-    monkeypatch.setattr(npd, "NPD_PASS_TOKENS", 10 ** 6)  # one pass for all candidates
     one = run()
     assert teacher.decoder.calls == 1
     monkeypatch.setattr(npd, "NPD_CHUNK_TOKENS", 24)

@@ -36,3 +36,34 @@ def test_training_keeps_the_decoders_own_layer():
     x = torch.randn(4, 8, requires_grad=True)
     vocab_logits(dec, x).sum().backward()  # autograd on: the decoder's own output_layer
     assert calls == [1] and x.grad is not None
+
+
+def test_generator_projections_of_kept_positions_equal_the_full_projection():
+    """generators.projection: best_tokens / target_log_probs with ``keep`` project only those positions
+    (as 2-D rows) and equal the dense (N, T, V) log-softmax there; 0 elsewhere.  Also in small chunks."""
+    import torch.nn.functional as F
+
+    from fairseq_nat_ext.generators.projection import best_tokens, target_log_probs
+
+    torch.manual_seed(0)
+    N, T, C, V = 3, 5, 8, 11
+    proj = torch.nn.Linear(C, V)
+    feats = torch.randn(T, N, C).transpose(0, 1)  # non-contiguous, as decoders return them
+    keep = torch.rand(N, T) > 0.4
+    target = torch.randint(0, V, (N, T))
+    forbidden = [0, 3]
+    with torch.no_grad():
+        full = F.log_softmax(proj(feats), -1)  # slow reference: every position, dense
+        allowed = full.clone()
+        allowed[..., forbidden] = float("-inf")
+        want_lp, want_tok = allowed.max(-1)
+        want_t = full.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+        for max_elements in (1 << 25, V):  # one chunk; one row per chunk
+            tok, lp = best_tokens([feats], [proj], V, forbidden, max_elements=max_elements, keep=keep)
+            assert torch.equal(tok[keep], want_tok[keep]) and not tok[~keep].any()
+            assert torch.allclose(lp[keep], want_lp[keep], atol=1e-5) and not lp[~keep].any()
+            t = target_log_probs(feats, proj, target, V, max_elements=max_elements, keep=keep)
+            assert torch.allclose(t[keep], want_t[keep], atol=1e-5) and not t[~keep].any()
+        tok, lp = best_tokens([feats], [proj], V, forbidden)  # no keep: every position
+        assert torch.equal(tok, want_tok) and torch.allclose(lp, want_lp, atol=1e-5)
+        assert torch.allclose(target_log_probs(feats, proj, target, V), want_t, atol=1e-5)

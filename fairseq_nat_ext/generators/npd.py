@@ -6,26 +6,25 @@ Options (task config fields, read through ``configure``; fairseq-generate ``--np
 * s = 1 (default): every source token's argmax fertility; one decoder pass; score = the mean
   log-probability of the output tokens.
 * s > 1: the argmax fertilities plus s - 1 fertility sequences sampled from the classifier (every
-  source token independently), i.e. s candidates per sentence.  The candidates are decoded in
-  batched decoder passes (argmax token per position), then scored by the teacher in teacher-forced
-  passes over the same groups (no autoregressive loop): score = the teacher's mean log-probability
+  source token independently), i.e. s candidates per sentence.  All B * s candidates are decoded in
+  ONE batched decoder pass (argmax token per position), then ALL are scored by the teacher in ONE
+  teacher-forced forward pass (no autoregressive loop): score = the teacher's mean log-probability
   of the candidate's tokens and ``</s>``.  The best-scoring candidate of each sentence is returned
   (ties: the lowest candidate, i.e. the argmax one first).  A fertility sequence drawn more than once
-  for a sentence is decoded and scored once (its copies share the result).  The groups
-  (:func:`length_chunks`) are length-sorted and cut where the padding saved pays for one more pass
-  (one long sampled candidate is not allowed to pad all the others to its length); only real
-  positions are projected onto the vocabulary.  A group is bounded by ``NPD_CHUNK_TOKENS`` candidate
-  tokens per pass (e.g. 128 sentences x 100 samples), so memory stays bounded.  The teacher is a
-  fairseq autoregressive checkpoint sharing the target dictionary (its symbols are a prefix of
-  ours, which add ``<mask>``); it is loaded once per process and moved to the decoding device.
+  for a sentence is decoded and scored once (its copies share the result).  Large batches (e.g. 128
+  sentences x 100 samples) are decoded and scored in length-sorted groups of at most
+  ``NPD_CHUNK_TOKENS`` candidate tokens, one pass each, so memory stays bounded; one sentence's
+  candidates are one group.  Only real (non-padding) positions are projected onto the vocabulary.
+  The teacher is a fairseq autoregressive checkpoint sharing the target dictionary (its symbols are
+  a prefix of ours, which add ``<mask>``); it is loaded once per process and moved to the decoding
+  device.
 * A candidate has at least one output token: when all of its fertilities are 0, its first source
   token gets fertility 1.  Outputs are cut at the decoder's (and the teacher's) maximum length.
 * ``--path a.pt:b.pt``: fertility and token probabilities are averaged over the models (log-mean-exp).
 * ``--retain-iter-history``: one ``E-`` line per candidate (candidate order: argmax first).
 Hypotheses: tokens (ending in ``</s>``), score, positional_scores (the NAT's own log-probs; 0 for
-``</s>``), alignment=None, steps=1 (one parallel step: no output depends on another pass' output;
-length groups of candidates are not iterations, nor is the teacher's scoring), and ``npd_scores``
-(the selection score of every candidate).
+``</s>``), alignment=None, steps=1 (decoder passes; the teacher's pass is not a decoder pass), and
+``npd_scores`` (the selection score of every candidate).
 
 Benchmark decoding keys (``decoding_keys``): ``npd`` (= ``--npd-samples``) and ``fertility`` -- a
 label naming how the model's training fertilities were made (``aligner``/``attention``); when the
@@ -122,56 +121,21 @@ def teacher_scores(teacher, src_tokens, src_lengths, order, tokens, lengths, pad
 #: (128 sentences x 100 samples) runs in as many length-sorted passes as this budget needs; one
 #: sentence's 100 candidates fit in one
 NPD_CHUNK_TOKENS = 16384
-#: the fixed cost of one more decoder + teacher pass, in padded candidate tokens (calibrated in
-#: length_chunks' docstring): candidates are split into groups only where the padding saved pays for it
-NPD_PASS_TOKENS = 48
 
 
-def chunk_cost(rows, longest, max_tokens, pass_tokens):
-    """What :func:`length_chunks` minimises for one group of ``rows`` candidates padded to
-    ``longest``: its padded tokens plus ``pass_tokens`` per pass (the group runs in pieces of at most
-    ``max_tokens`` // longest rows, at least one)."""
-    step = max(1, max_tokens // longest)
-    return rows * longest + -(-rows // step) * pass_tokens
-
-
-def length_chunks(lengths, max_tokens=None, pass_tokens=None):
-    """lengths (U,) -> index tensors covering 0..U-1 once, each a piece of candidates decoded (and
-    scored) in one pass, padded to its longest row.
-
-    Rows are sorted by length and cut into consecutive groups minimising :func:`chunk_cost` summed
-    over the groups: padded tokens computed plus ``pass_tokens`` (default ``NPD_PASS_TOKENS``) per
-    pass.  One sampled fertility sequence can make a candidate 3x the others, and padding every
-    candidate to it would triple the work of both passes.  The best of all cuts at changes of length,
-    by dynamic programming over the distinct lengths (a cut between two rows of one length would only
-    matter through the memory budget below).  A group whose rows x
-    longest exceeds ``max_tokens`` (default ``NPD_CHUNK_TOKENS``) runs in consecutive pieces of at
-    most ``max_tokens`` // longest rows (a row longer than the budget alone), bounding memory.
-
-    ``NPD_PASS_TOKENS`` = 48: at batch 1, s = 10, one more decoder + teacher pass (3 + 3 layers,
-    d = 256, CPU) cost about as much as 48 more padded candidate tokens."""
+def length_chunks(lengths, max_tokens=None):
+    """lengths (U,) -> index tensors covering 0..U-1 once: rows sorted by length, grouped so that rows x
+    the group's longest row <= max_tokens (default ``NPD_CHUNK_TOKENS``; a longer row alone)."""
     max_tokens = NPD_CHUNK_TOKENS if max_tokens is None else max_tokens
-    pass_tokens = NPD_PASS_TOKENS if pass_tokens is None else pass_tokens
     order = torch.argsort(lengths, stable=True)
-    if order.numel() == 0:
-        return []
-    values, counts = torch.unique_consecutive(lengths[order].clamp(min=1), return_counts=True)
-    values, ends = values.tolist(), [0] + torch.cumsum(counts, 0).tolist()  # ends[j]: rows of the first j
-    D = len(values)
-    cost, cut = [0] + [None] * D, [0] * (D + 1)  # cost[j]: best over the first j distinct lengths
-    for j in range(1, D + 1):
-        for i in range(j):
-            c = cost[i] + chunk_cost(ends[j] - ends[i], values[j - 1], max_tokens, pass_tokens)
-            if cost[j] is None or c < cost[j]:
-                cost[j], cut[j] = c, i
-    bounds, j = [], D
-    while j > 0:
-        bounds.append((ends[cut[j]], ends[j], values[j - 1]))
-        j = cut[j]
-    groups = []
-    for start, end, longest in reversed(bounds):
-        step = max(1, max_tokens // longest)
-        groups.extend(order[a:min(a + step, end)] for a in range(start, end, step))
+    L = lengths[order].clamp(min=1).tolist()
+    groups, start = [], 0
+    for i, n in enumerate(L):
+        if i > start and (i - start + 1) * n > max_tokens:
+            groups.append(order[start:i])
+            start = i
+    if L:
+        groups.append(order[start:])
     return groups
 
 
