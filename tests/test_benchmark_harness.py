@@ -521,3 +521,29 @@ def test_count_decoder_calls_counts_layer_passes_whatever_method_drives_them():
     assert not m.decoder.layers[0]._forward_pre_hooks
     m.decoder(torch.zeros(1, 2))
     assert c.calls == 3
+
+
+def test_decode_seeds_torch_so_sampling_decoders_repeat_whatever_ran_before():
+    """inference.decode seeds torch (SEED, fairseq-generate's default --seed) before decoding: a decoder
+    that samples (NPD) gives the same hypotheses in every call of the harness (warm-up, batch 1, batch
+    128), whatever consumed random numbers before; seed=None leaves the generator alone."""
+    import torch
+
+    from fairseq_nat_ext.benchmark import inference as inf
+
+    class SamplingTask:
+        def inference_step(self, generator, models, sample):
+            return [[{"tokens": torch.multinomial(torch.ones(50), 3)}] for _ in sample["id"]]
+
+    batches = [{"id": torch.tensor([0, 1])}, {"id": torch.tensor([2])}]
+
+    def run(**kw):
+        return {k: h["tokens"].tolist() for k, h in inf.decode(SamplingTask(), None, [], batches, **kw).items()}
+
+    first = run()
+    torch.rand(1000)  # other work in between
+    assert run() == first and inf.SEED == 1
+    torch.manual_seed(123)
+    unseeded = run(seed=None)
+    torch.manual_seed(123)
+    assert run(seed=None) == unseeded and run(seed=7) != first

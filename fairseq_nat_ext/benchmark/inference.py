@@ -131,14 +131,22 @@ def make_batches(task, models, dataset, batch_size):
     return batches
 
 
-def decode(task, generator, models, batches, use_cuda=False, stopwatch=None, postprocess=None):
+#: torch's seed at the start of every :func:`decode` (fairseq-generate's default ``--seed``): sampling
+#: decoders (NPD's fertility samples) give the same hypotheses whatever ran before in the process
+SEED = 1
+
+
+def decode(task, generator, models, batches, use_cuda=False, stopwatch=None, postprocess=None, seed=SEED):
     """{dataset id: best hypothesis dict} over ``batches``; times each inference_step (and
     ``postprocess``, a function over its output, when given) in ``stopwatch`` (a
-    :class:`.timing.Stopwatch`) when given."""
+    :class:`.timing.Stopwatch`) when given.  Seeds torch (CPU and CUDA) with ``seed`` first (None:
+    not), as fairseq-generate does once before decoding."""
     from contextlib import nullcontext
 
     from fairseq import utils
 
+    if seed is not None:
+        torch.manual_seed(seed)  # every device's generator
     out = {}
     for sample in batches:
         if use_cuda:
