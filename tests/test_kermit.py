@@ -223,3 +223,26 @@ def test_batch_decoding_when_the_longest_row_finishes_first(kermit, monkeypatch)
         assert batch[i][0]["tokens"].tolist() == alone[0][0]["tokens"].tolist()
         assert batch[i][0]["steps"] == alone[0][0]["steps"]
     assert batch[0][0]["steps"] == 1 and batch[1][0]["steps"] > 1
+
+
+def test_conditioning_losses_roll_the_source_and_drop_it(kermit):
+    """benchmark.kermit_conditioning: with every row holding the same source, the rolled source IS the
+    true one (same loss); a source that differs per row gives another loss, and so does no source."""
+    from fairseq_nat_ext.benchmark.kermit_conditioning import conditioning_losses
+
+    task, model, _ = kermit
+    s = sample(task)
+    same = dict(s, net_input=dict(s["net_input"], src_tokens=s["net_input"]["src_tokens"][:1].expand_as(
+        s["net_input"]["src_tokens"]).contiguous()))
+    out = conditioning_losses(model, [same])
+    assert out["true"] == pytest.approx(out["shuffled"], abs=1e-6)
+    assert out["x_absent"] != pytest.approx(out["true"], abs=1e-6)
+    out = conditioning_losses(model, [s])
+    assert out["shuffled"] != pytest.approx(out["true"], abs=1e-6)
+    # the same as the model's own x2y loss under the same seed
+    on = torch.ones(len(s["id"]), dtype=torch.bool)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        want = float(model.insertion_loss(*model.training_canvases(s["net_input"]["src_tokens"], s["target"],
+                                                                  (~on, on, on, on))))
+    assert out["true"] == pytest.approx(want, abs=1e-6)
