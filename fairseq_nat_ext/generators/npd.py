@@ -250,7 +250,7 @@ class NPDGenerator(NATGeneratorBase):
                                   self.forbidden, keep=valid)
             n = tok.size(1)
             tokens[idx, :n] = tok.masked_fill(~valid, self.pad)
-            lprobs[idx, :n] = lp.masked_fill(~valid, 0.0)
+            lprobs[idx, :n] = lp  # 0 off ``valid`` (not projected)
         return {"fert": fert, "tokens": tokens[inverse], "lprobs": lprobs[inverse], "lengths": u_len[inverse],
                 "order": order, "unique": unique, "inverse": inverse, "chunks": chunks}
 

@@ -45,7 +45,7 @@ class RefinementGenerator(NATGeneratorBase):
         valid = inp.ne(self.pad)
         tokens, lp = best_tokens(feats, [m.decoder.output_layer for m in models], len(self.tgt_dict),
                                  self.forbidden, keep=valid)
-        return tokens.masked_fill(~valid, self.pad), lp.masked_fill(~valid, 0.0)
+        return tokens.masked_fill(~valid, self.pad), lp  # lp is 0 off ``valid`` (not projected)
 
     @torch.no_grad()
     def generate(self, models, sample, prefix_tokens=None, constraints=None, **unused):
