@@ -547,3 +547,20 @@ def test_backward_keeps_only_sequence_sized_tensors(name):
     # queries, keys, values (with their margins) and the output, plus the global rows' own attention
     total = sum(saved.values())
     assert total <= 6 * 2 * N * d, f"{name} keeps {total} numbers for backward (q/k/v: {2 * N * d} each)"
+
+
+def test_sinkhorn_unpadded_fast_path_equals_the_padded_path():
+    """Whole blocks and no padding take views instead of padded copies: same outputs and gradients as the
+    same sequences inside a padded batch."""
+    layer = make_layer("sinkhorn")
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(12, 2, 16, generator=g, dtype=torch.float64, requires_grad=True)  # 3 blocks of 4
+    alone, _ = layer(x, x, x, key_padding_mask=None)
+    padded = torch.cat([x, torch.randn(5, 2, 16, generator=g, dtype=torch.float64)])
+    mask = torch.zeros(2, 17, dtype=torch.bool)
+    mask[:, 12:] = True
+    within, _ = layer(padded, padded, padded, key_padding_mask=mask)
+    torch.testing.assert_close(alone, within[:12])
+    w = torch.randn(alone.shape, generator=g, dtype=torch.float64)
+    torch.testing.assert_close(torch.autograd.grad((alone * w).sum(), x)[0],
+                               torch.autograd.grad((within[:12] * w).sum(), x)[0])

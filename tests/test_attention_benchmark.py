@@ -117,6 +117,29 @@ def test_listops_table_and_train_seconds(tmp_path):
         raise AssertionError("an accuracy outside [0, 1] must be refused")
 
 
+def test_listops_table_rows_from_two_machines(tmp_path):
+    """Rows trained on different machines get a machine column (their seconds per update do not
+    compare), each distinct command is listed, and a row's note becomes a numbered footnote."""
+    from fairseq_nat_ext.benchmark import tables
+
+    row = {"variant": "full", "options": {}, "max_length": 513, "accuracy": 0.376, "majority_rate": 0.179,
+           "train_updates": 1500, "sec_per_update": 0.282, "hardware": "Intel", "command": "run one"}
+    rows = [row, dict(row, variant="sinkhorn", hardware="AMD", command="run two", note="slowed by a job")]
+    path = tmp_path / "attention_listops.json"
+    path.write_text(json.dumps({"benchmark": "attention_listops", "hardware": "Intel; AMD", "threads": 2,
+                                "command": "run two", "rows": rows}))
+    text = tables.markdown_tables([str(path)])
+    assert "- machine A: Intel, 2 torch thread(s)" in text and "- machine B: AMD, 2 torch thread(s)" in text
+    assert "  - `run one`" in text and "  - `run two`" in text
+    assert "| `full` | – | 513 | 37.6 | 17.9 | +19.7 | 1500 | 0.282 | A |" in text
+    assert "| `sinkhorn` | – | 513 | 37.6 | 17.9 | +19.7 | 1500 | 0.282 [1] | B |" in text
+    assert "[1] slowed by a job" in text
+    path.write_text(json.dumps({"benchmark": "attention_listops", "hardware": "Intel", "threads": 2,
+                                "command": "run one", "rows": [row]}))
+    text = tables.markdown_tables([str(path)])
+    assert "machine" not in text and "- hardware: Intel, 2 torch thread(s)" in text and "`run one`" in text
+
+
 def test_listops_finished_variant_is_not_trained_again(tmp_path, monkeypatch):
     """fairseq-train on a finished checkpoint makes one more update (1,501 of a 1,500 budget): a variant
     whose log shows the budget reached is only validated."""

@@ -130,12 +130,15 @@ def main(argv=None):
         with open(args.out) as f:
             rows = json.load(f).get("rows", [])
 
+    command = "python -m fairseq_nat_ext.benchmark.attention_listops " + " ".join(argv or sys.argv[1:])
+
     def upsert(row):
+        row["hardware"] = hardware_description("cpu")
+        row["command"] = command
         key = (row["variant"], json.dumps(row["options"], sort_keys=True))
         rows[:] = [r for r in rows if (r["variant"], json.dumps(r["options"], sort_keys=True)) != key] + [row]
-        out = {"benchmark": "attention_listops", "hardware": hardware_description("cpu"), "threads": args.threads,
-               "command": "python -m fairseq_nat_ext.benchmark.attention_listops " + " ".join(argv or sys.argv[1:]),
-               "rows": rows}
+        out = {"benchmark": "attention_listops", "threads": args.threads, "command": command,
+               "hardware": "; ".join(dict.fromkeys(r.get("hardware", row["hardware"]) for r in rows)), "rows": rows}
         with open(args.out, "w") as f:
             json.dump(out, f, indent=1)
 
@@ -145,7 +148,7 @@ def main(argv=None):
         upsert(row)
         print(f"[attention_listops] {name}: accuracy {row['accuracy']:.3f} (majority {majority:.3f}), "
               f"{row['sec_per_update']} s/update", file=sys.stderr, flush=True)
-    if args.no_brackets_data:
+    if args.no_brackets_data and "full" in args.variants:  # the ablation belongs to `full`
         row = run_variant("full", {}, args.no_brackets_data, os.path.join(args.work, "full_no_brackets"), args, max_pos)
         row["options"] = {"brackets": False}
         row["majority_rate"] = majority_rate(args.no_brackets_data)

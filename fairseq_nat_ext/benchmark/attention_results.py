@@ -119,17 +119,37 @@ def _options(row):
 
 def listops_table(results):
     """One row per trained variant: accuracy, the majority-class rate of its test split, the margin in
-    points, the budget and the training time per update."""
-    lines = [f"### {results['benchmark']}", "",
-             f"- hardware: {results['hardware']}, {results['threads']} torch thread(s)",
-             f"- command: `{results['command']}`",
-             "- test accuracy of the last checkpoint; every row has the same number of updates", "",
-             "| variant | options | max length | accuracy (%) | majority class (%) | margin (points) | updates | "
-             "s / update |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for r in results["rows"]:
+    points, the budget and the training time per update. Rows trained on different machines (a row's own
+    "hardware") get a machine column, since their times per update do not compare; a row's "note" becomes
+    a footnote."""
+    rows = results["rows"]
+    machines = list(dict.fromkeys(r.get("hardware", results["hardware"]) for r in rows))
+    lines = [f"### {results['benchmark']}", ""]
+    if len(machines) > 1:
+        lines += [f"- machine {chr(65 + i)}: {m}, {results['threads']} torch thread(s)" for i, m in enumerate(machines)]
+    else:
+        lines.append(f"- hardware: {machines[0] if machines else results['hardware']}, {results['threads']} torch thread(s)")
+    commands = list(dict.fromkeys(r.get("command", results["command"]) for r in rows)) or [results["command"]]
+    lines += ([f"- command: `{commands[0]}`"] if len(commands) == 1 else
+              ["- commands (the rows come from several runs of one budget; each row names its own in the JSON):"]
+              + [f"  - `{c}`" for c in commands])
+    lines += [
+              "- test accuracy of the last checkpoint; every row has the same number of updates", ""]
+    head = ["variant", "options", "max length", "accuracy (%)", "majority class (%)", "margin (points)",
+            "updates", "s / update"] + (["machine"] if len(machines) > 1 else [])
+    lines += ["| " + " | ".join(head) + " |", "| --- | --- | " + " | ".join(["---:"] * (len(head) - 2)) + " |"]
+    notes = []
+    for r in rows:
         sec = DASH if r["sec_per_update"] is None else f"{r['sec_per_update']:.3f}"
-        lines.append(f"| `{r['variant']}` | {_options(r)} | {r['max_length']} | {100 * r['accuracy']:.1f} | "
-                     f"{100 * r['majority_rate']:.1f} | {100 * (r['accuracy'] - r['majority_rate']):+.1f} | "
-                     f"{r['train_updates']} | {sec} |")
+        if r.get("note"):
+            notes.append(r["note"])
+            sec += f" [{len(notes)}]"
+        cells = [f"`{r['variant']}`", _options(r), str(r["max_length"]), f"{100 * r['accuracy']:.1f}",
+                 f"{100 * r['majority_rate']:.1f}", f"{100 * (r['accuracy'] - r['majority_rate']):+.1f}",
+                 str(r["train_updates"]), sec]
+        if len(machines) > 1:
+            cells.append(chr(65 + machines.index(r.get("hardware", results["hardware"]))))
+        lines.append("| " + " | ".join(cells) + " |")
+    if notes:
+        lines += [""] + [f"[{i + 1}] {n}" for i, n in enumerate(notes)]
     return "\n".join(lines) + "\n"

@@ -34,13 +34,15 @@ class SinkhornAttention(AttentionVariant):
         self.sort_net = nn.Parameter(torch.empty(num_heads, head_dim, self.max_blocks))
         nn.init.normal_(self.sort_net, std=head_dim ** -0.5)
 
-    def permutation(self, k, lengths):
-        """(B, H, nb, nb) relaxed permutation; real blocks map onto real blocks only."""
+    def permutation(self, k, lengths, kb=None):
+        """(B, H, nb, nb) relaxed permutation; real blocks map onto real blocks only.  ``kb``: the keys as
+        (B, H, nb, bs, d) blocks with padding zeroed, when the caller has them."""
         B, H, N, d = k.shape
         bs = self.opts.block_size
         nb = -(-N // bs)
-        real = (torch.arange(nb * bs, device=k.device)[None, :] < lengths[:, None]).to(k.dtype)
-        kb = (F.pad(k, (0, 0, 0, nb * bs - N)) * real[:, None, :, None]).view(B, H, nb, bs, d)
+        if kb is None:
+            real = (torch.arange(nb * bs, device=k.device)[None, :] < lengths[:, None]).to(k.dtype)
+            kb = (F.pad(k, (0, 0, 0, nb * bs - N)) * real[:, None, :, None]).view(B, H, nb, bs, d)
         logits = torch.matmul(kb.sum(3), self.sort_net[:, :, :nb].to(k.dtype)) / self.opts.sinkhorn_temperature
         real_block = torch.arange(nb, device=k.device)[None, :] < ((lengths + bs - 1) // bs)[:, None]  # (B, nb)
         allowed = real_block[:, :, None] == real_block[:, None, :]
@@ -53,9 +55,12 @@ class SinkhornAttention(AttentionVariant):
         nb = -(-N // bs)
         L = nb * bs
         real = (torch.arange(L, device=q.device)[None, :] < lengths[:, None]).to(q.dtype)  # (B, L)
-        blocks = lambda t: (F.pad(t, (0, 0, 0, L - N)) * real[:, None, :, None]).view(B, H, nb, bs, d)  # noqa: E731
+        if L == N and bool((lengths == N).all()):  # no padding: the blocks are views
+            blocks = lambda t: t.view(B, H, nb, bs, d)  # noqa: E731
+        else:
+            blocks = lambda t: (F.pad(t, (0, 0, 0, L - N)) * real[:, None, :, None]).view(B, H, nb, bs, d)  # noqa: E731
         qb, kb, vb = blocks(q), blocks(k), blocks(v)
-        P = self.permutation(k, lengths)  # (B, H, nb, nb)
+        P = self.permutation(k, lengths, kb)  # (B, H, nb, nb)
         ks = torch.einsum("bhij,bhjtd->bhitd", P, kb)
         vs = torch.einsum("bhij,bhjtd->bhitd", P, vb)
         mass = torch.einsum("bhij,bjt->bhit", P, real.view(B, nb, bs))  # real share of each sorted key
