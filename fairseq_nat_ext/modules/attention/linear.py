@@ -75,38 +75,50 @@ def features(x, fmap, W=None, stab=None):
     """phi(x) (..., N, m).  Performer (FAVOR+): exp(x . w / d^(1/4) - |x|^2 / (2 sqrt(d)) - c) / sqrt(m), W the
     features already divided by d^(1/4); c = ``stab`` (keys: one constant per (batch, head) over real keys)
     or, for queries (None), the row's own maximum: any such constant cancels between numerator and
-    denominator, so it is a constant for the gradient as well."""
+    denominator, so it is a constant for the gradient as well.  The (N, m) tensor is made once and then
+    changed in place (each fresh (N, m) buffer costs as much as a pass over it)."""
+    taped = torch.is_grad_enabled() and x.requires_grad  # phi() under autograd (tests, pictures): no in-place
     if fmap == "elu":
-        return F.elu(x) + 1
+        return F.elu(x) + 1 if taped else F.elu(x).add_(1)
     if fmap == "relu":
         return F.relu(x)
     logits = torch.matmul(x, W.t())
     half_norm = (x * x).sum(-1, keepdim=True) / (2 * x.size(-1) ** 0.5)
     if stab is None:
         stab = logits.amax(dim=-1, keepdim=True) - half_norm
-    return (logits - (half_norm + stab + 0.5 * math.log(W.size(0)))).exp_()
+    shift = half_norm + stab + 0.5 * math.log(W.size(0))
+    return (logits - shift).exp() if taped else logits.sub_(shift).exp_()
 
 
 def features_backward(x, phi, grad, fmap, W=None):
-    """d loss / d x from d loss / d phi(x) (the stabiliser held constant, as it cancels)."""
+    """d loss / d x from d loss / d phi(x) (the stabiliser held constant, as it cancels); ``grad`` is consumed
+    (overwritten) for the performer map."""
     if fmap == "elu":
         return grad * torch.where(x > 0, torch.ones_like(phi), phi)  # elu(x) + 1 = exp(x) below 0
     if fmap == "relu":
         return grad * (x > 0).to(grad.dtype)
-    t = grad * phi
+    t = grad.mul_(phi)
     return torch.matmul(t, W) - t.sum(-1, keepdim=True) * x / x.size(-1) ** 0.5
+
+
+def with_ones(x, scale=None):
+    """(..., n, d) -> (..., n, d + 1): x with a column of ones appended, times ``scale`` (..., n, 1) if given.
+    Sums against the features and against 1 then come out of ONE product with the (n, m) features."""
+    out = torch.cat([x, torch.ones_like(x[..., :1])], -1)
+    return out if scale is None else out.mul_(scale)
 
 
 def key_stabiliser(k, real, W, chunk):
     """(B, H, 1, 1): the largest (logit - |k|^2 / (2 sqrt(d))) over the REAL keys (0 when there is none)."""
-    return _key_sums(k, torch.zeros_like(k[..., :1]), real, W, "performer", chunk)[2]
+    return _key_sums(k, torch.zeros_like(k[..., :1]), real, W, "performer", chunk)[1]
 
 
 def _key_sums(k, v, real, W, fmap, chunk):
-    """S = phi(K)^T V (B, H, m, dv), z = phi(K)^T 1 (B, H, m) over the real keys, in chunks of rows, and the
-    performer's key stabiliser (None for elu/relu).  The stabiliser is the running maximum: when a chunk
-    raises it, the sums so far are rescaled by exp(old - new), as in online softmax."""
-    S = z = run = None
+    """Sz = phi(K)^T [V, 1] (B, H, m, dv + 1) over the real keys -- S = phi(K)^T V and z = phi(K)^T 1 in one
+    product -- in chunks of rows, and the performer's key stabiliser (None for elu/relu).  The stabiliser is
+    the running maximum: when a chunk raises it, the sums so far are rescaled by exp(old - new), as in online
+    softmax.  Padding keys are left out through the (n, dv + 1) factor, not the (n, m) features."""
+    Sz = run = None
     for lo in range(0, k.size(2), chunk):
         kc, rc = k[:, :, lo:lo + chunk], real[:, :, lo:lo + chunk]
         if fmap == "performer":
@@ -115,23 +127,24 @@ def _key_sums(k, v, real, W, fmap, chunk):
             top = (logits.amax(-1, keepdim=True) - half_norm).masked_fill(rc == 0, float("-inf")).amax(-2, keepdim=True)
             new = top if run is None else torch.maximum(run, top)
             new = new.masked_fill(torch.isinf(new), 0.0)  # no real key yet: any finite constant
-            if S is not None:  # sums so far were taken with the old stabiliser
-                scale = torch.exp(run - new)
-                S, z = S * scale, z * scale.squeeze(-1)
+            if Sz is not None:  # sums so far were taken with the old stabiliser
+                Sz = Sz * torch.exp(run - new)
             run = new
-            kf = (logits - (half_norm + new + 0.5 * math.log(W.size(0)))).exp_() * rc
+            shift = half_norm + new + 0.5 * math.log(W.size(0))
+            kf = (logits - shift).exp() if torch.is_grad_enabled() and kc.requires_grad else logits.sub_(shift).exp_()
         else:
-            kf = features(kc, fmap) * rc
-        s, zz = torch.matmul(kf.transpose(-1, -2), v[:, :, lo:lo + chunk]), kf.sum(-2)
-        S, z = (s, zz) if S is None else (S + s, z + zz)
-    return S, z, run
+            kf = features(kc, fmap)
+        s = torch.matmul(kf.transpose(-1, -2), with_ones(v[:, :, lo:lo + chunk], rc))
+        Sz = s if Sz is None else Sz.add_(s)
+    return Sz, run
 
 
 class _LinearAttention(torch.autograd.Function):
     """out = phi(Q) S / (phi(Q) z), S = phi(K)^T V and z = phi(K)^T 1 over the real keys, in chunks of rows;
     backward recomputes the features chunk by chunk, so only (B, H, N, d) tensors and the (m, d) sums are kept:
-        U = dO / den, g = -<dO, out> / den, dphi(Q) = U S^T + g z^T, dS = phi(Q)^T U, dz = phi(Q)^T g,
-        dphi(K) = V dS^T + 1 dz^T, dV = phi(K) dS (real keys only)."""
+        U = dO / den, g = -<dO, out> / den, dphi(Q) = [U, g] [S, z]^T, [dS, dz] = phi(Q)^T [U, g],
+        dphi(K) = [V, 1] [dS, dz]^T, dV = phi(K) dS (real keys only).
+    Every (n, m) x (m, d) product carries the extra column of its z / 1 / g term (one pass over the features)."""
 
     @staticmethod
     def forward(ctx, q, k, v, real, W, fmap, chunk):
@@ -139,43 +152,47 @@ class _LinearAttention(torch.autograd.Function):
             kin, vin = k * real, v * real
         else:
             kin, vin = k, v
-        S, z, stab = _key_sums(kin, vin, real, W, fmap, chunk)
+        Sz, stab = _key_sums(kin, vin, real, W, fmap, chunk)
+        dv = v.size(-1)
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
+        raw = q.new_empty(q.shape[:-1] + (1,))  # phi(Q) z before the clamp, kept for the backward pass
         for lo in range(0, q.size(2), chunk):
-            qf = features(q[:, :, lo:lo + chunk], fmap, W)
-            den = torch.matmul(qf, z.unsqueeze(-1)).clamp_min(1e-6)
-            out[:, :, lo:lo + chunk] = torch.matmul(qf, S) / den
+            nd = torch.matmul(features(q[:, :, lo:lo + chunk], fmap, W), Sz)  # (.., n, dv + 1): numerator, den
+            raw[:, :, lo:lo + chunk] = nd[..., dv:]
+            out[:, :, lo:lo + chunk] = nd[..., :dv] / nd[..., dv:].clamp_min(1e-6)
         ctx.fmap, ctx.chunk = fmap, chunk
         ctx.save_for_backward(q, kin, vin, real, W if W is not None else q.new_empty(0), stab if stab is not None
-                              else q.new_empty(0), S, z, out)
+                              else q.new_empty(0), Sz, out, raw)
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        q, kin, vin, real, W, stab, S, z, out = ctx.saved_tensors
+        q, kin, vin, real, W, stab, Sz, out, raw_all = ctx.saved_tensors
         fmap, chunk = ctx.fmap, ctx.chunk
         W = W if W.numel() else None
         stab = stab if stab.numel() else None
+        dv = vin.size(-1)
+        SzT = Sz.transpose(-1, -2)
         dq = torch.empty_like(q, memory_format=torch.contiguous_format)
-        dS = torch.zeros_like(S)
-        dz = torch.zeros_like(z)
+        dSz = torch.zeros_like(Sz)  # [dS, dz]
         for lo in range(0, q.size(2), chunk):
             qc, gc, oc = q[:, :, lo:lo + chunk], grad[:, :, lo:lo + chunk], out[:, :, lo:lo + chunk]
             qf = features(qc, fmap, W)
-            raw = torch.matmul(qf, z.unsqueeze(-1))
+            raw = raw_all[:, :, lo:lo + chunk]
             den = raw.clamp_min(1e-6)
             U = gc / den
             g = -(gc * oc).sum(-1, keepdim=True) / den * (raw >= 1e-6).to(den.dtype)  # clamp: no gradient
-            dqf = torch.matmul(U, S.transpose(-1, -2)) + g * z.unsqueeze(-2)
-            dS += torch.matmul(qf.transpose(-1, -2), U)
-            dz += (qf * g).sum(-2)
-            dq[:, :, lo:lo + chunk] = features_backward(qc, qf, dqf, fmap, W)
+            Ug = torch.cat([U, g], -1)
+            dSz += torch.matmul(qf.transpose(-1, -2), Ug)
+            dq[:, :, lo:lo + chunk] = features_backward(qc, qf, torch.matmul(Ug, SzT), fmap, W)
+        dSzT = dSz.transpose(-1, -2)
+        dS = dSz[..., :dv]
         dk = torch.empty_like(kin)
-        dv = torch.empty_like(vin)
+        dvv = torch.empty_like(vin)
         for lo in range(0, kin.size(2), chunk):
             kc, vc, rc = kin[:, :, lo:lo + chunk], vin[:, :, lo:lo + chunk], real[:, :, lo:lo + chunk]
             kf = features(kc, fmap, W, stab)
-            dkf = (torch.matmul(vc, dS.transpose(-1, -2)) + dz.unsqueeze(-2)) * rc
+            dkf = torch.matmul(with_ones(vc, rc), dSzT)
             dk[:, :, lo:lo + chunk] = features_backward(kc, kf, dkf, fmap, W) * rc
-            dv[:, :, lo:lo + chunk] = torch.matmul(kf, dS) * rc
-        return dq, dk, dv, None, None, None, None
+            dvv[:, :, lo:lo + chunk] = torch.matmul(kf, dS) * rc
+        return dq, dk, dvv, None, None, None, None

@@ -114,11 +114,13 @@ class Band(Partial):
 
     def fold(self, grad, flat_grad, B, L, margin, lo=0):
         X, H, span, d = grad.shape
+        # (X, span, H, d) is the kernel's own memory layout: a view, and each offset's rows are added
+        # through their strides (reshaping them to the flat rows would copy every offset first)
         g = grad.transpose(1, 2).reshape(X, 2 * self.reach + 1, self.w, H, d)
         first = margin - self.reach * self.w + lo * self.w
         for o in range(2 * self.reach + 1):
             start = first + o * self.w
-            flat_grad[start:start + X * self.w] += g[:, o].reshape(X * self.w, H, d)
+            flat_grad[start:start + X * self.w].view(X, self.w, H, d).add_(g[:, o])
 
 
 class Prefix(Partial):
@@ -176,24 +178,45 @@ class Blocks(Partial):
     def mask(self, lo=0, hi=None):
         return self._mask[lo:hi]
 
-    def _blocks(self, flat, B, L, margin):
-        _, H, d = flat.shape
-        return flat[margin:margin + B * L].view(B * (L // self.w), self.w, H, d).transpose(1, 2)  # (B nb, H, w, d)
-
     def _where(self, lo, hi):
+        """Rows of the head-major block table (H * B * nb, w * d) that rows lo:hi read: (X', H, K)."""
         H = self.index.size(1)
-        return self.index[lo:hi], torch.arange(H, device=self.index.device).view(1, H, 1)
+        nbt = self.index.size(0)  # every kernel row is one query block: B * nb blocks in all
+        return self.index[lo:hi] + torch.arange(H, device=self.index.device).view(1, H, 1) * nbt
+
+    def _table(self, flat, B, L, margin):
+        """(H * B * nb, w * d): every (head, key block) as one contiguous row, so gathering whole blocks is a
+        row copy (indexing the (B nb, H, w, d) view directly reads w strided rows per block).  Made once per
+        key / value tensor and kept while the partial lives (the backward pass reads it once per chunk)."""
+        key = (flat.data_ptr(), flat._version)
+        cache = self.__dict__.setdefault("_tables", {})
+        if key not in cache:
+            _, H, d = flat.shape
+            blocks = flat[margin:margin + B * L].view(B * (L // self.w), self.w, H, d)
+            cache[key] = blocks.permute(2, 0, 1, 3).reshape(H * B * (L // self.w), self.w * d)
+        return cache[key]
 
     def keys(self, flat, B, L, margin, lo=0, hi=None):
-        idx, heads = self._where(lo, hi)
-        picked = self._blocks(flat, B, L, margin)[idx, heads]  # (X, H, K, w, d)
-        return picked.reshape(idx.size(0), idx.size(1), -1, flat.size(-1))
+        rows = self._where(lo, hi)
+        X, H, K = rows.shape
+        table = self._table(flat, B, L, margin)
+        return table.index_select(0, rows.flatten()).view(X, H, K * self.w, flat.size(-1))
 
     def fold(self, grad, flat_grad, B, L, margin, lo=0):
-        idx, heads = self._where(lo, lo + grad.size(0))
-        X, H, K = idx.shape
-        self._blocks(flat_grad, B, L, margin).index_put_(
-            (idx, heads), grad.reshape(X, H, K, self.w, flat_grad.size(-1)), accumulate=True)
+        """The chunks' key gradients are summed into one head-major table per gradient tensor, added to the
+        flat gradient after the last chunk (the chunks run in order)."""
+        rows = self._where(lo, lo + grad.size(0))
+        X, H, K = rows.shape
+        _, _, d = flat_grad.shape
+        nbt = self.index.size(0)
+        accs = self.__dict__.setdefault("_accs", {})
+        acc = accs.get(flat_grad.data_ptr())
+        if acc is None:
+            acc = accs[flat_grad.data_ptr()] = grad.new_zeros(H * nbt, self.w * d)
+        acc.index_add_(0, rows.flatten(), grad.reshape(X * H * K, self.w * d))
+        if lo + X == nbt:
+            del accs[flat_grad.data_ptr()]
+            flat_grad[margin:margin + B * L].view(nbt, self.w, H, d).add_(acc.view(H, nbt, self.w, d).permute(1, 2, 0, 3))
 
 
 def _flat(x: Tensor, L: int, margin: int) -> Tensor:
@@ -220,8 +243,9 @@ class _MergedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, partials, first, L, margin):
         B, H, N, d = q.shape
-        qp = q.new_zeros(B, L, H, d)
+        qp = q.new_empty(B, L, H, d)  # written once (a fresh buffer's first touch is its cost on CPU)
         qp[:, :N] = q.transpose(1, 2)
+        qp[:, N:].zero_()
         kf, vf = _flat(k, L, margin), _flat(v, L, margin)
         outs, lses, raw = [], [], []
         for p in partials:
@@ -244,6 +268,8 @@ class _MergedAttention(torch.autograd.Function):
                               False, attn_mask=first.mask())
             out[:, :first.g] = first.common(o, B)
             raw.append(lse)
+        for p in partials:
+            p.__dict__.pop("_tables", None)  # per-pass caches (Blocks): not kept between the passes
         ctx.partials, ctx.first, ctx.shape = partials, first, (B, H, N, d, L, margin)
         ctx.save_for_backward(qp, kf, vf, out, *raw, *weights)
         return out[:, :N].transpose(1, 2)
@@ -255,8 +281,9 @@ class _MergedAttention(torch.autograd.Function):
         qp, kf, vf, out, *rest = ctx.saved_tensors
         n_raw = len(partials) + (first is not None)
         raw, weights = rest[:n_raw], rest[n_raw:]
-        g = grad.new_zeros(B, L, H, d)
+        g = grad.new_empty(B, L, H, d)
         g[:, :N] = grad.transpose(1, 2)
+        g[:, N:].zero_()
         gq = torch.zeros_like(qp)
         gk, gv = torch.zeros_like(kf), torch.zeros_like(vf)
 
@@ -275,6 +302,9 @@ class _MergedAttention(torch.autograd.Function):
             g[:, :first.g] = 0.0  # those rows' merged output was replaced
         for i, p in enumerate(partials):
             run(p, g if not weights else weights[i].unsqueeze(-1).to(g.dtype) * g, raw[i])
+
+        for p in partials:
+            p.__dict__.pop("_tables", None)
 
         def back(flat):
             return flat[margin:margin + B * L].view(B, L, H, d)[:, :N].transpose(1, 2)
