@@ -523,6 +523,24 @@ def test_flash_partials_path_matches_the_sdpa_path_values_and_gradients(name, op
         torch.testing.assert_close(a, b, **tol)
 
 
+@pytest.mark.parametrize("name,opts", MERGED_CASES)
+def test_flash_partials_backward_in_one_row_chunks_equals_one_chunk(name, opts, monkeypatch):
+    """The backward pass cut into chunks under partials.CHUNK_BYTES (here: one kernel row per chunk, the
+    Blocks' gradient table accumulated over every chunk) gives the gradients of the unchunked pass."""
+    from fairseq_nat_ext.modules.attention import partials
+
+    mod = build(name, opts).to(torch.float64)
+    real = (torch.arange(23)[None, :] < LENGTHS[:, None]).view(3, 1, 23, 1)
+    grads = []
+    for chunk_bytes in (1 << 40, 1):
+        monkeypatch.setattr(partials, "CHUNK_BYTES", chunk_bytes)
+        q, k, v = [t.to(torch.float64).requires_grad_() for t in qkv(seed=5)]
+        (mod(q, k, v, LENGTHS) * real).square().sum().backward()
+        grads.append([q.grad, k.grad, v.grad])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
+
+
 @pytest.mark.parametrize("name", ["local", "global", "bigbird", "linear"])
 def test_backward_keeps_only_sequence_sized_tensors(name):
     """What autograd keeps for the backward pass stays O(N d): no (2 reach + 1) x N x d window copies for

@@ -43,6 +43,14 @@ class EfficientSelfAttention(nn.Module):
         if bias:
             nn.init.constant_(self.out_proj.bias, 0.0)
 
+    def project_qkv(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, C) -> (B, T, 3C): the q, k and v projections as ONE product with the three weights stacked
+        (self-attention reads one input; one (C, 3C) GEMM forward and backward is faster than three)."""
+        lins = (self.q_proj, self.k_proj, self.v_proj)
+        weight = torch.cat([lin.weight for lin in lins])
+        bias = torch.cat([lin.bias for lin in lins]) if self.q_proj.bias is not None else None
+        return torch.nn.functional.linear(x, weight, bias)
+
     def forward(self, query, key=None, value=None, key_padding_mask: Optional[torch.Tensor] = None,
                 need_weights: bool = False, attn_mask: Optional[torch.Tensor] = None, **unused):
         """query (T, B, C), key_padding_mask (B, T) True at padding -> ((T, B, C), None).
@@ -61,9 +69,7 @@ class EfficientSelfAttention(nn.Module):
         else:
             lengths = torch.full((B,), T, dtype=torch.long, device=query.device)
         H, d = self.num_heads, self.head_dim
-        q = self.q_proj(x).view(B, T, H, d).transpose(1, 2)  # (B, H, T, d)
-        k = self.k_proj(x).view(B, T, H, d).transpose(1, 2)
-        v = self.v_proj(x).view(B, T, H, d).transpose(1, 2)
+        q, k, v = self.project_qkv(x).view(B, T, 3, H, d).permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, T, d)
         outs, h0 = [], 0
         for module, (_, heads) in zip(self.variants, self.spec):
             outs.append(module(q[:, h0:h0 + heads], k[:, h0:h0 + heads], v[:, h0:h0 + heads], lengths))
