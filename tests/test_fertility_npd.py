@@ -319,3 +319,54 @@ def test_fairseq_reranker_shim_scores_like_our_teacher_scoring(toy_databin):
     lengths = torch.tensor([len(y) for y in ys])
     ours = teacher_scores(teacher, src, src_len, torch.tensor([0, 0, 1, 1]), tokens, lengths, d.pad(), d.eos())
     assert torch.allclose(torch.stack([f[0]["score"] for f in out]), ours, atol=1e-5)
+
+
+def test_one_source_groups_share_cross_attention_and_match_the_expanded_path(model_task, toy_databin, monkeypatch):
+    """At batch 1 every candidate comes from one source: the NAT decoder and a real Transformer teacher
+    cross-attend to that source's UNEXPANDED encoder output (keys/values projected once, fairseq's
+    key-batch-divides-query-batch path).  Same hypotheses, candidate scores and positional scores as
+    with the output expanded to every candidate row; the shared path is taken (batch 1 of the keys)."""
+    from fairseq import options, tasks
+    from fairseq.modules import MultiheadAttention
+
+    from fairseq_nat_ext.generators import npd
+
+    task, model, _ = model_task
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        toy_databin[0], "--task", "translation", "--arch", "transformer", "--share-all-embeddings",
+        "--encoder-layers", "1", "--decoder-layers", "2", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
+        "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2",
+        "--decoder-attention-heads", "2", "--dropout", "0"])
+    torch.manual_seed(1)
+    teacher = tasks.setup_task(args).build_model(args).eval()
+    key_batches = []
+
+    def record(module, inputs, kwargs):
+        if module.encoder_decoder_attention:
+            key_batches.append((kwargs["query"].size(1), kwargs["key"].size(1)))
+
+    hooks = [m.register_forward_pre_hook(record, with_kwargs=True)
+             for m in list(model.modules()) + list(teacher.modules()) if isinstance(m, MultiheadAttention)]
+    ds = task.dataset("test")
+    results = []
+    try:
+        for shared in (True, False):
+            if not shared:
+                monkeypatch.setattr(npd, "cross_attention_rows", lambda enc, out, order: enc.reorder_encoder_out(out, order))
+            key_batches.clear()
+            outs = []
+            for i in range(4):
+                gen = NPDGenerator([model], task.target_dictionary, npd_samples=8, teacher=teacher)
+                torch.manual_seed(5 + i)
+                outs.append(gen.generate([model], ds.collater([ds[i]]))[0][0])
+            results.append(outs)
+            rows = {q for q, _ in key_batches}
+            assert max(rows) > 1  # several candidates per pass
+            assert all(k == (1 if shared else q) for q, k in key_batches)
+    finally:
+        for h in hooks:
+            h.remove()
+    for a, b in zip(*results):
+        assert a["tokens"].tolist() == b["tokens"].tolist()
+        torch.testing.assert_close(a["npd_scores"], b["npd_scores"], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(a["positional_scores"], b["positional_scores"], atol=1e-5, rtol=1e-5)

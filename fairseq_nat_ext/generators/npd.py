@@ -98,6 +98,25 @@ def teacher_forced_inputs(tokens, lengths, pad, eos):
     return prev, target
 
 
+def cross_attention_rows(encoder, encoder_out, order):
+    """The encoder output that candidate rows ``order`` (N,) cross-attend to.  When every row comes from
+    one source (batch 1, or a group of one sentence's candidates), that source's output is NOT expanded:
+    fairseq's MultiheadAttention, given a key batch that divides the query batch (its beam-search path,
+    query rows grouped by key row), projects the source's keys and values once for all N rows.
+    Otherwise the output is reordered to the N rows."""
+    if order.numel() > 0 and bool((order == order[0]).all()):
+        order = order[:1]
+    return encoder.reorder_encoder_out(encoder_out, order)
+
+
+def _shares_cross_attention(decoder):
+    """Whether ``decoder``'s cross-attention is fairseq's MultiheadAttention, which takes a key batch that
+    divides the query batch (fairseq's Transformer decoders, NAT ones included)."""
+    from fairseq.models.transformer import TransformerDecoderBase
+
+    return isinstance(decoder, TransformerDecoderBase)
+
+
 @torch.no_grad()
 def teacher_scores(teacher, src_tokens, src_lengths, order, tokens, lengths, pad, eos, encoder_out=None):
     """Mean log-probability of every candidate (and its ``</s>``) under the teacher, one teacher-forced
@@ -105,7 +124,10 @@ def teacher_scores(teacher, src_tokens, src_lengths, order, tokens, lengths, pad
     (N, ``order`` maps each to its source row) go through its decoder together -> (N,)."""
     prev, target = teacher_forced_inputs(tokens, lengths, pad, eos)
     enc = teacher.encoder(src_tokens, src_lengths=src_lengths) if encoder_out is None else encoder_out
-    enc = teacher.encoder.reorder_encoder_out(enc, order)
+    if _shares_cross_attention(teacher.decoder):
+        enc = cross_attention_rows(teacher.encoder, enc, order)
+    else:
+        enc = teacher.encoder.reorder_encoder_out(enc, order)
     with fairseq_mask_warning_silenced():
         feats, _ = teacher.decoder(prev, encoder_out=enc, features_only=True)
     V = teacher.decoder.output_projection.out_features if getattr(teacher.decoder, "output_projection", None) \
@@ -241,11 +263,13 @@ class NPDGenerator(NATGeneratorBase):
         chunks = length_chunks(u_len)
         for idx in chunks:
             rows, feats, valid = unique[idx], [], None
+            src_rows = order[rows]
             for m, e in zip(models, enc):
-                e = m.encoder.reorder_encoder_out(e, order[rows])
-                copied = m.decoder.copy_source(e, flat[rows], max_len=max_len)
+                copied = m.decoder.copy_source(m.encoder.reorder_encoder_out(e, src_rows), flat[rows],
+                                               max_len=max_len)
                 valid = copied[1]
-                feats.append(m.decoder(e, copied=copied, features_only=True))
+                cross = cross_attention_rows(m.encoder, e, src_rows)  # one source: its keys/values once
+                feats.append(m.decoder(cross, copied=copied, features_only=True))
             tok, lp = best_tokens(feats, [m.decoder.output_layer for m in models], len(self.tgt_dict),
                                   self.forbidden, keep=valid)
             n = tok.size(1)
