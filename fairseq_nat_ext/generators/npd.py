@@ -36,6 +36,7 @@ import os
 import torch
 
 from ..compat import InputError, fairseq_mask_warning_silenced
+from ..modules import packed
 from ..models.nat.nat_fertility import source_fertility_mask
 from .base import NATGeneratorBase
 from .projection import best_tokens, target_log_probs
@@ -128,8 +129,11 @@ def teacher_scores(teacher, src_tokens, src_lengths, order, tokens, lengths, pad
         enc = cross_attention_rows(teacher.encoder, enc, order)
     else:
         enc = teacher.encoder.reorder_encoder_out(enc, order)
-    with fairseq_mask_warning_silenced():
-        feats, _ = teacher.decoder(prev, encoder_out=enc, features_only=True)
+    if packed.supports_decoder(teacher.decoder):  # its real positions only (the same maths)
+        feats = packed.decoder_features(teacher.decoder, prev, enc)
+    else:
+        with fairseq_mask_warning_silenced():
+            feats, _ = teacher.decoder(prev, encoder_out=enc, features_only=True)
     V = teacher.decoder.output_projection.out_features if getattr(teacher.decoder, "output_projection", None) \
         is not None else len(teacher.decoder.dictionary)
     if int(target.max()) >= V:
@@ -269,7 +273,11 @@ class NPDGenerator(NATGeneratorBase):
                                                max_len=max_len)
                 valid = copied[1]
                 cross = cross_attention_rows(m.encoder, e, src_rows)  # one source: its keys/values once
-                feats.append(m.decoder(cross, copied=copied, features_only=True))
+                packed_features = getattr(m.decoder, "packed_features", None)
+                if packed_features is not None:  # real positions only: (M, C) rows at ``valid``
+                    feats.append(packed_features(cross, copied))
+                else:
+                    feats.append(m.decoder(cross, copied=copied, features_only=True))
             tok, lp = best_tokens(feats, [m.decoder.output_layer for m in models], len(self.tgt_dict),
                                   self.forbidden, keep=valid)
             n = tok.size(1)

@@ -27,16 +27,20 @@ def ensemble_log_probs(features, output_layers, a, b):
 
 def _positions(features, keep):
     """(N, T, C) features -> (M, C) rows of the kept positions (all N * T when keep is None), as one
-    contiguous 2-D block (a batched product against the vocabulary matrix is much slower on CPU)."""
+    contiguous 2-D block (a batched product against the vocabulary matrix is much slower on CPU).
+    2-D features are already those rows (packed by the decoder, modules/packed.py)."""
     C = features.size(-1)
+    if features.dim() == 2:
+        return features
     return features.reshape(-1, C) if keep is None else features[keep]
 
 
 def best_tokens(features, output_layers, vocab_size, forbidden, max_elements=MAX_ELEMENTS, keep=None):
-    """features: one (N, T, C) tensor per model; output_layers: their vocabulary projections ->
+    """features: one (N, T, C) tensor per model (or its (M, C) rows at ``keep``); output_layers: their
+    vocabulary projections ->
     (argmax token (N, T), its log-prob (N, T)); ``forbidden`` symbols are never chosen.  ``keep``
     (bool (N, T), optional): only these positions are projected; the others get token 0, log-prob 0."""
-    N, T = features[0].shape[:2]
+    N, T = keep.shape if keep is not None else features[0].shape[:2]
     rows = [_positions(f, keep) for f in features]
     M = rows[0].size(0)
     tok = torch.zeros((M,), dtype=torch.long, device=features[0].device)
@@ -49,7 +53,7 @@ def best_tokens(features, output_layers, vocab_size, forbidden, max_elements=MAX
 
 
 def target_log_probs(features, output_layer, target, vocab_size, max_elements=MAX_ELEMENTS, keep=None):
-    """features (N, T, C), target (N, T) ids < vocab_size -> log p(target) (N, T) under
+    """features (N, T, C) (or its (M, C) rows at ``keep``), target (N, T) ids < vocab_size -> log p(target) (N, T) under
     ``output_layer`` (float32); with ``keep`` (bool (N, T)) only those positions (0 elsewhere)."""
     N, T = target.shape
     rows = _positions(features, keep)

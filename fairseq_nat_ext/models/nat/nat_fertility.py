@@ -196,6 +196,46 @@ class FertilityDecoder(FairseqNATDecoder):
         return F.log_softmax(out.float(), -1) if normalize else out
 
 
+    def packed_features(self, encoder_out, copied):
+        """Inference: :meth:`forward`'s features at the real positions only, (M, C) row-major, i.e.
+        ``forward(encoder_out, copied=copied, features_only=True)[valid]`` -- every position-wise product
+        runs on the M real rows, not on the padded N x T (modules/packed.py); the positional attention's
+        queries and keys (position embeddings, the same in every row) are projected once.
+        ``encoder_out``'s batch is N, or 1 when every row reads that one source."""
+        from ...modules import packed
+
+        x, valid = copied
+        rows = packed.Rows(valid)
+        N, T = valid.shape
+        if T > self.embed_positions.max_positions:
+            raise InputError(f"nat_fertility: {T} output positions exceed the decoder's "
+                             f"{self.embed_positions.max_positions} (--max-target-positions)")
+        full = self.embed_positions(valid.new_full((1, T), self.dictionary.unk(), dtype=torch.long))[0]  # (T, C)
+        h = rows.pack(x) + full.unsqueeze(0).expand(N, T, -1)[valid]
+        if self.layernorm_embedding is not None:
+            h = self.layernorm_embedding(h)
+        key_ok = valid.clone()
+        key_ok[:, 0] |= ~valid.any(1)  # a row without positions reads its first (padding) one, as in forward
+        # (N, 1, T, T): forward's mask (padding keys -inf, the diagonal a finite -1e8)
+        self_mask = (additive(key_ok, h.dtype)[:, None, :] + no_self_attention_mask(T, h.dtype, h.device)).unsqueeze(1)
+        enc = encoder_out["encoder_out"][0]
+        enc_pad = encoder_out["encoder_padding_mask"][0] if encoder_out["encoder_padding_mask"] else None
+        for layer in self.layers:
+            h = packed.block(layer, h, layer.self_attn_layer_norm,
+                             lambda y: packed.self_attention(layer.self_attn, y, rows, mask=self_mask))
+            h = packed.block(layer, h, layer.pos_attn_layer_norm,
+                             lambda y: packed.positional_attention(layer.pos_attn, full, y, rows, key_ok))
+            if layer.encoder_attn is not None:
+                h = packed.block(layer, h, layer.encoder_attn_layer_norm,
+                                 lambda y: packed.cross_attention(layer.encoder_attn, y, rows, enc, enc_pad))
+            h = packed.block(layer, h, layer.final_layer_norm, lambda y: packed.feed_forward(layer, y))
+        if self.layer_norm is not None:
+            h = self.layer_norm(h)
+        if self.project_out_dim is not None:
+            h = self.project_out_dim(h)
+        return h
+
+
 def source_fertility_mask(src_tokens, pad, eos):
     """bool (B, S): the source positions that may have a fertility above 0 (not padding, not </s>)."""
     return src_tokens.ne(pad) & src_tokens.ne(eos)

@@ -1,0 +1,82 @@
+"""modules/packed.py: decoder layers over the real positions only equal the modules' own padded forwards
+(fairseq's Transformer decoder, post- and pre-norm; our fertility NAT decoder), for a key batch of N rows
+and of one shared source, on ragged rows including a length-1 row."""
+import pytest
+import torch
+
+from conftest import build_model_and_task
+from fairseq_nat_ext.modules import packed
+
+
+def _teacher(data_bin, extra=()):
+    from fairseq import options, tasks
+
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        data_bin, "--task", "translation", "--arch", "transformer", "--share-all-embeddings",
+        "--encoder-layers", "1", "--decoder-layers", "2", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
+        "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "4",
+        "--decoder-attention-heads", "4", "--dropout", "0", *extra])
+    torch.manual_seed(2)
+    return tasks.setup_task(args).build_model(args).eval()
+
+
+def _ragged_prev(pad, lengths, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    T = max(lengths)
+    prev = torch.randint(4, 30, (len(lengths), T), generator=g)
+    for i, n in enumerate(lengths):
+        prev[i, n:] = pad
+    return prev
+
+
+@pytest.mark.parametrize("extra", [(), ("--decoder-normalize-before", "--layernorm-embedding")])
+def test_decoder_features_equal_fairseqs_forward_at_the_real_positions(toy_databin, extra):
+    teacher = _teacher(toy_databin[0], extra)
+    assert packed.supports_decoder(teacher.decoder)
+    pad = teacher.decoder.padding_idx
+    src = torch.tensor([[5, 6, 7, 2], [pad, 8, 9, 2]])  # left-padded, as fairseq batches
+    lengths = [5, 1, 3, 4]
+    prev = _ragged_prev(pad, lengths)
+    valid = prev.ne(pad)
+    with torch.no_grad():
+        enc = teacher.encoder(src, src_lengths=torch.tensor([4, 3]))
+        for order in (torch.tensor([0, 1, 1, 0]), torch.tensor([1, 1, 1, 1])):
+            expanded = teacher.encoder.reorder_encoder_out(enc, order)
+            ref = teacher.decoder(prev, encoder_out=expanded, features_only=True)[0][valid]
+            torch.testing.assert_close(packed.decoder_features(teacher.decoder, prev, expanded), ref, atol=1e-5, rtol=1e-5)
+        one = teacher.encoder.reorder_encoder_out(enc, torch.tensor([1]))  # a shared source, key batch 1
+        torch.testing.assert_close(packed.decoder_features(teacher.decoder, prev, one), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_unsupported_decoders_are_refused(toy_databin):
+    teacher = _teacher(toy_databin[0])
+    teacher.decoder.train()
+    assert not packed.supports_decoder(teacher.decoder)  # training: dropout is not implemented here
+    teacher.decoder.eval()
+    teacher.decoder.layers[0].self_attn.add_zero_attn = True
+    assert not packed.supports_decoder(teacher.decoder)
+
+
+def test_fertility_packed_features_equal_forward_at_the_real_positions(toy_databin):
+    torch.manual_seed(0)
+    task, model, _ = build_model_and_task(toy_databin[0], ["--arch", "nat_fertility_tiny", "--dropout", "0"])
+    model.eval()
+    task.load_dataset("test")
+    ds = task.dataset("test")
+    sample = ds.collater([ds[i] for i in range(3)])
+    src, src_len = sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"]
+    fert = torch.zeros(4, src.size(1), dtype=torch.long)
+    fert[0, -3] = 1  # a length-1 row
+    fert[1, -4:-1] = torch.tensor([2, 0, 3])
+    fert[2, -3:-1] = torch.tensor([1, 1])
+    fert[3, -6:-1] = torch.tensor([1, 2, 1, 1, 2])
+    with torch.no_grad():
+        enc = model.encoder(src, src_lengths=src_len)
+        for order, cross_order in ((torch.tensor([0, 2, 1, 2]), None), (torch.tensor([1, 1, 1, 1]), torch.tensor([1]))):
+            rows = model.encoder.reorder_encoder_out(enc, order)
+            copied = model.decoder.copy_source(rows, fert)
+            ref = model.decoder(rows, copied=copied, features_only=True)[copied[1]]
+            cross = rows if cross_order is None else model.encoder.reorder_encoder_out(enc, cross_order)
+            got = model.decoder.packed_features(cross, copied)
+            assert got.shape == (int(fert.sum()), ref.size(-1))
+            torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
