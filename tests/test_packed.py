@@ -80,3 +80,46 @@ def test_fertility_packed_features_equal_forward_at_the_real_positions(toy_datab
             got = model.decoder.packed_features(cross, copied)
             assert got.shape == (int(fert.sum()), ref.size(-1))
             torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_prefix_tree_against_brute_force():
+    pad = 1
+    prev = torch.tensor([[2, 5, 6, 7], [2, 5, 6, pad], [2, 5, 8, 7], [2, 9, pad, pad], [2, 5, 6, 7]])
+    node, ancestor = packed.prefix_tree(prev, pad)
+    prefixes = {}
+    for n in range(prev.size(0)):
+        for t in range(prev.size(1)):
+            if prev[n, t] == pad:
+                assert node[n, t] == -1
+                continue
+            key = tuple(prev[n, :t + 1].tolist())
+            assert prefixes.setdefault(key, int(node[n, t])) == int(node[n, t])  # one id per prefix
+    assert sorted(prefixes.values()) == list(range(len(prefixes)))  # distinct prefixes, distinct ids
+    for a, i in prefixes.items():
+        for b, j in prefixes.items():
+            assert bool(ancestor[i, j]) == (len(b) <= len(a) and a[:len(b)] == b)
+
+
+def test_tree_teacher_scores_equal_fairseqs_forward_on_rows_sharing_prefixes(toy_databin):
+    """One source's candidates sharing prefixes (and one repeated): scored over the prefix tree's nodes,
+    the same mean log-probabilities as fairseq's decoder over every padded row."""
+    from fairseq_nat_ext.generators.npd import teacher_forced_inputs, teacher_scores
+    from fairseq_nat_ext.generators.projection import target_log_probs
+
+    for extra in ((), ("--decoder-normalize-before",)):
+        teacher = _teacher(toy_databin[0], extra)
+        pad, eos = teacher.decoder.padding_idx, teacher.decoder.dictionary.eos()
+        tokens = torch.tensor([[5, 6, 7, 8], [5, 6, 9, pad], [5, 6, 7, 8], [10, pad, pad, pad], [5, 11, 7, 8]])
+        lengths = tokens.ne(pad).sum(1)
+        src, src_len = torch.tensor([[12, 13, 14, 2]]), torch.tensor([4])
+        order = torch.zeros(5, dtype=torch.long)
+        with torch.no_grad():
+            got = teacher_scores(teacher, src, src_len, order, tokens, lengths, pad, eos)
+            prev, target = teacher_forced_inputs(tokens, lengths, pad, eos)
+            enc = teacher.encoder.reorder_encoder_out(teacher.encoder(src, src_lengths=src_len), order)
+            feats = teacher.decoder(prev, encoder_out=enc, features_only=True)[0]
+            keep = target.ne(pad)
+            V = teacher.decoder.output_projection.out_features
+            ref = target_log_probs(feats, teacher.decoder.output_layer, target, V, keep=keep).sum(1) / keep.sum(1)
+        torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+        assert got[0] == got[2]  # a repeated row: the very same nodes

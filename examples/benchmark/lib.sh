@@ -8,7 +8,8 @@
 #   TEACHER_CKPT      the AR teacher (default $SHARED/data/multi30k-teacher/teacher.pt), its budget
 #                     TEACHER_UPDATES / TEACHER_WALL_S (default 5700 s, its README)
 #   THREADS (2), LATENCY_SENTENCES (200), LIMIT (first N test sentences), CUDA=1, README (README.md),
-#   OUT (benchmarks/results/$NAME.json), TRAIN_COMMAND (how the systems were trained: recorded)
+#   OUT (benchmarks/results/$NAME.json), TRAIN_COMMAND (how the systems were trained: recorded),
+#   BENCHMARK_NAME (rows written as that benchmark instead of the script's own, see below)
 #   <SYS>_CKPT, <SYS>_TRAIN_LOG (default: train.log beside the checkpoint), <SYS>_UPDATES, <SYS>_WALL_S
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$REPO"
@@ -26,6 +27,10 @@ TEACHER_WALL_S="${TEACHER_WALL_S:-5700}"
 THREADS="${THREADS:-2}"
 LATENCY_SENTENCES="${LATENCY_SENTENCES:-200}"
 LIMIT="${LIMIT:-}"
+# BENCHMARK_NAME: write the rows as another benchmark (its own JSON, hypothesis folder and README table),
+# e.g. a subset of the systems re-measured on another machine; the script stays $SCRIPT
+SCRIPT="$NAME"; NAME="${BENCHMARK_NAME:-$NAME}"
+[[ "$NAME" =~ ^[a-z][a-z0-9_]*$ ]] || { echo "error: BENCHMARK_NAME '$NAME' is not a lower-case identifier" >&2; exit 1; }
 OUT="${OUT:-benchmarks/results/$NAME.json}"
 README="${README:-README.md}"
 CUDA="${CUDA:-0}"
@@ -60,7 +65,8 @@ command_settings() {  # command_settings PREFIX...: " P_CKPT=... P_UPDATES=... P
 finish_command() {  # the shared settings and this script's name close the recorded COMMAND
     COMMAND+=" THREADS=$THREADS LATENCY_SENTENCES=$LATENCY_SENTENCES${LIMIT:+ LIMIT=$LIMIT}"
     [[ "$CUDA" == 1 ]] && COMMAND+=" CUDA=1"
-    COMMAND+=" bash examples/benchmark/$NAME.sh"
+    [[ "$NAME" != "$SCRIPT" ]] && COMMAND+=" BENCHMARK_NAME=$NAME"
+    COMMAND+=" bash examples/benchmark/$SCRIPT.sh"
     [[ -n "${TRAIN_COMMAND:-}" ]] && COMMAND="training: $TRAIN_COMMAND; benchmark: $COMMAND"
     return 0
 }

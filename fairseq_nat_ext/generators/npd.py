@@ -39,7 +39,7 @@ from ..compat import InputError, fairseq_mask_warning_silenced
 from ..modules import packed
 from ..models.nat.nat_fertility import source_fertility_mask
 from .base import NATGeneratorBase
-from .projection import best_tokens, target_log_probs
+from .projection import best_tokens, shared_target_log_probs, target_log_probs
 
 _TEACHERS = {}  # (checkpoint, data dir) -> teacher model, loaded once per process
 
@@ -125,21 +125,26 @@ def teacher_scores(teacher, src_tokens, src_lengths, order, tokens, lengths, pad
     (N, ``order`` maps each to its source row) go through its decoder together -> (N,)."""
     prev, target = teacher_forced_inputs(tokens, lengths, pad, eos)
     enc = teacher.encoder(src_tokens, src_lengths=src_lengths) if encoder_out is None else encoder_out
-    if _shares_cross_attention(teacher.decoder):
-        enc = cross_attention_rows(teacher.encoder, enc, order)
-    else:
-        enc = teacher.encoder.reorder_encoder_out(enc, order)
-    if packed.supports_decoder(teacher.decoder):  # its real positions only (the same maths)
-        feats = packed.decoder_features(teacher.decoder, prev, enc)
-    else:
-        with fairseq_mask_warning_silenced():
-            feats, _ = teacher.decoder(prev, encoder_out=enc, features_only=True)
     V = teacher.decoder.output_projection.out_features if getattr(teacher.decoder, "output_projection", None) \
         is not None else len(teacher.decoder.dictionary)
     if int(target.max()) >= V:
         raise InputError(f"npd: a candidate holds symbol {int(target.max())}, outside the teacher's {V}")
     keep = target.ne(pad)
-    lp = target_log_probs(feats, teacher.decoder.output_layer, target, V, keep=keep)
+    if _shares_cross_attention(teacher.decoder):
+        enc = cross_attention_rows(teacher.encoder, enc, order)
+    else:
+        enc = teacher.encoder.reorder_encoder_out(enc, order)
+    if packed.supports_decoder(teacher.decoder):  # the same maths on fewer positions
+        if enc["encoder_out"][0].size(1) == 1:  # one source: each distinct candidate prefix once
+            feats, node = packed.tree_decoder_features(teacher.decoder, prev, enc)
+            lp = shared_target_log_probs(feats, teacher.decoder.output_layer, node, target, V)
+        else:  # the real positions only
+            feats = packed.decoder_features(teacher.decoder, prev, enc)
+            lp = target_log_probs(feats, teacher.decoder.output_layer, target, V, keep=keep)
+    else:
+        with fairseq_mask_warning_silenced():
+            feats, _ = teacher.decoder(prev, encoder_out=enc, features_only=True)
+        lp = target_log_probs(feats, teacher.decoder.output_layer, target, V, keep=keep)
     return lp.sum(1) / keep.sum(1)
 
 

@@ -65,6 +65,22 @@ def target_log_probs(features, output_layer, target, vocab_size, max_elements=MA
     return _unflatten(out, keep, N, T)
 
 
+def shared_target_log_probs(features, output_layer, node, target, vocab_size, max_elements=MAX_ELEMENTS):
+    """features (K, C) of K distinct states, ``node`` (N, T) the state of every position (-1: none),
+    target (N, T) -> log p(target) (N, T) (0 where node < 0): each state is projected once, however many
+    positions share it (a prefix tree's nodes, modules/packed.tree_decoder_features)."""
+    out = torch.zeros(target.shape, dtype=torch.float, device=features.device)
+    keep = node.ge(0)
+    idx, tgt = node[keep], target[keep]
+    vals = torch.empty(idx.shape, dtype=torch.float, device=features.device)
+    for a, b in chunks(features.size(0), vocab_size, max_elements):
+        lp = F.log_softmax(output_layer(features[a:b]).float(), -1)
+        sel = (idx >= a) & (idx < b)
+        vals[sel] = lp[idx[sel] - a, tgt[sel]]
+    out[keep] = vals
+    return out
+
+
 def _unflatten(values, keep, N, T):
     if keep is None:
         return values.view(N, T)

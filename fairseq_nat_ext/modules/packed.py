@@ -125,25 +125,72 @@ def supports_decoder(decoder) -> bool:
     return True
 
 
-def decoder_features(decoder, prev_output_tokens: Tensor, encoder_out) -> Tensor:
-    """A fairseq Transformer decoder, teacher-forced on right-padded ``prev_output_tokens`` (N, T) -> its
-    final features (M, C) at the non-padding positions (row-major), as ``decoder(prev, encoder_out,
-    features_only=True)[0][prev != pad]``.  ``encoder_out``'s batch is N, or 1 (every row reads that
-    source).  Only where :func:`supports_decoder`."""
-    valid = prev_output_tokens.ne(decoder.padding_idx)
-    rows = Rows(valid)
-    x = decoder.embed_scale * decoder.embed_tokens(prev_output_tokens[valid])
+def prefix_tree(prev_output_tokens: Tensor, pad: int):
+    """Rows of ONE source's teacher-forced inputs (N, T), right-padded -> (node (N, T) long: the id of the
+    prefix prev[n, :t + 1] among the distinct prefixes of all rows, -1 at padding; ancestor (K, K) bool:
+    node i's prefix starts with node j's (j = i included)).  Row-major order of first appearance: node ids
+    increase along a row."""
+    N, T = prev_output_tokens.shape
+    real = prev_output_tokens.ne(pad)
+    node = torch.full((N, T), -1, dtype=torch.long, device=prev_output_tokens.device)
+    parent = torch.full((N,), -1, dtype=torch.long, device=node.device)
+    count = 0
+    for t in range(T):  # a node is (its parent node, its token); T steps of a unique over <= N pairs
+        rows = real[:, t].nonzero().squeeze(1)
+        if rows.numel() == 0:
+            break
+        pair = torch.stack([parent[rows], prev_output_tokens[rows, t]], 1)
+        uniq, inverse = torch.unique(pair, dim=0, return_inverse=True)
+        node[rows, t] = count + inverse
+        parent[rows] = node[rows, t]
+        count += uniq.size(0)
+    # ancestor-or-self pairs: along each row, node at t has the nodes at 0..t as ancestors
+    ancestor = torch.zeros(count, count, dtype=torch.bool, device=node.device)
+    later = torch.ones(T, T, dtype=torch.bool, device=node.device).tril()  # [t, s]: s <= t
+    both = real.unsqueeze(2) & real.unsqueeze(1) & later  # (N, T, T)
+    ancestor[node.unsqueeze(2).expand(N, T, T)[both], node.unsqueeze(1).expand(N, T, T)[both]] = True
+    return node, ancestor
+
+
+def tree_decoder_features(decoder, prev_output_tokens: Tensor, encoder_out):
+    """Teacher forcing of many rows from ONE source (``encoder_out`` of batch 1) over their distinct
+    prefixes only: a causal decoder's state at position t depends on prev[:t + 1] alone, so rows that share
+    a prefix share its states.  Every distinct prefix is one node; a node attends to its ancestors (the
+    causal mask of any row that holds it), so its state is exactly that row's.  -> (features (K, C) of the K
+    nodes, node (N, T) of :func:`prefix_tree`).  NPD's batch-1 candidates share 45% of their teacher
+    positions (Multi30K, s = 10).  Only where :func:`supports_decoder`."""
+    node, ancestor = prefix_tree(prev_output_tokens, decoder.padding_idx)
+    first = torch.full((ancestor.size(0),), -1, dtype=torch.long, device=node.device)
+    flat = node.flatten()
+    where = flat.ge(0).nonzero().squeeze(1)
+    first.scatter_reduce_(0, flat[where], where, reduce="amax", include_self=True)  # one position per node
+    x = _embed(decoder, prev_output_tokens).flatten(0, 1)[first]  # (K, C)
+    enc = encoder_out["encoder_out"][0]
+    enc_pad = encoder_out["encoder_padding_mask"][0] if encoder_out["encoder_padding_mask"] else None
+    whole = Rows(torch.ones(1, x.size(0), dtype=torch.bool, device=x.device))  # the nodes as one sequence
+    mask = ancestor.unsqueeze(0).unsqueeze(0)
+    x = _layers(decoder, x, whole, enc, enc_pad, mask=mask)
+    return x, node
+
+
+def _embed(decoder, prev_output_tokens: Tensor) -> Tensor:
+    """fairseq's decoder input embedding (N, T, C), eval mode."""
+    x = decoder.embed_scale * decoder.embed_tokens(prev_output_tokens)
     if decoder.project_in_dim is not None:
         x = decoder.project_in_dim(x)
     if decoder.embed_positions is not None:
-        x = x + rows.pack(decoder.embed_positions(prev_output_tokens))
+        x = x + decoder.embed_positions(prev_output_tokens)
     if decoder.layernorm_embedding is not None:
         x = decoder.layernorm_embedding(x)
-    enc = encoder_out["encoder_out"][0] if encoder_out is not None and encoder_out["encoder_out"] else None
-    enc_pad = encoder_out["encoder_padding_mask"][0] if enc is not None and encoder_out["encoder_padding_mask"] else None
+    return x
+
+
+def _layers(decoder, x: Tensor, rows: Rows, enc, enc_pad, mask=None) -> Tensor:
+    """The decoder layers and final norm / projection on packed rows; self-attention causal within each
+    row of ``rows``, or by ``mask`` when given."""
     for layer in decoder.layers:
-        # causal: a real query sees only earlier positions, which are real in a right-padded row
-        x = block(layer, x, layer.self_attn_layer_norm, lambda h: self_attention(layer.self_attn, h, rows, causal=True))
+        x = block(layer, x, layer.self_attn_layer_norm,
+                  lambda h: self_attention(layer.self_attn, h, rows, mask=mask, causal=mask is None))
         if layer.encoder_attn is not None and enc is not None:
             x = block(layer, x, layer.encoder_attn_layer_norm,
                       lambda h: cross_attention(layer.encoder_attn, h, rows, enc, enc_pad))
@@ -153,3 +200,17 @@ def decoder_features(decoder, prev_output_tokens: Tensor, encoder_out) -> Tensor
     if decoder.project_out_dim is not None:
         x = decoder.project_out_dim(x)
     return x
+
+
+def decoder_features(decoder, prev_output_tokens: Tensor, encoder_out) -> Tensor:
+    """A fairseq Transformer decoder, teacher-forced on right-padded ``prev_output_tokens`` (N, T) -> its
+    final features (M, C) at the non-padding positions (row-major), as ``decoder(prev, encoder_out,
+    features_only=True)[0][prev != pad]``.  ``encoder_out``'s batch is N, or 1 (every row reads that
+    source).  Only where :func:`supports_decoder`."""
+    valid = prev_output_tokens.ne(decoder.padding_idx)
+    rows = Rows(valid)
+    x = rows.pack(_embed(decoder, prev_output_tokens))
+    enc = encoder_out["encoder_out"][0] if encoder_out is not None and encoder_out["encoder_out"] else None
+    enc_pad = encoder_out["encoder_padding_mask"][0] if enc is not None and encoder_out["encoder_padding_mask"] else None
+    # causal: a real query sees only earlier positions, which are real in a right-padded row
+    return _layers(decoder, x, rows, enc, enc_pad)
