@@ -547,3 +547,24 @@ def test_decode_seeds_torch_so_sampling_decoders_repeat_whatever_ran_before():
     unseeded = run(seed=None)
     torch.manual_seed(123)
     assert run(seed=None) == unseeded and run(seed=7) != first
+
+
+def test_count_decoder_calls_counts_packed_passes_of_the_fertility_decoder(toy_databin):
+    """nat_fertility's NPD passes run packed_features (modules/packed.py reads the layers' parameters, never
+    calls the layers): each is one counted pass, as a padded forward is; the wrapper is gone afterwards."""
+    import torch
+
+    from conftest import build_model_and_task
+    from fairseq_nat_ext.benchmark.inference import count_decoder_calls
+
+    task, model, _ = build_model_and_task(toy_databin[0], ["--arch", "nat_fertility_tiny", "--dropout", "0"])
+    model.eval()
+    src = torch.tensor([[5, 6, 7, 2]])
+    fert = torch.tensor([[1, 2, 1, 0]])
+    with torch.no_grad(), count_decoder_calls([model]) as c:
+        enc = model.encoder(src, src_lengths=torch.tensor([4]))
+        copied = model.decoder.copy_source(enc, fert)
+        model.decoder.packed_features(enc, copied)
+        model.decoder(enc, copied=copied, features_only=True)
+    assert c.calls == 2
+    assert "packed_features" not in vars(model.decoder)

@@ -206,7 +206,9 @@ class count_decoder_calls:
     ``extract_features``, an edit model's classifiers, our own decoders' ``forward``, an AR decoder's
     incremental steps).  A decoder without layers falls back to counting ``extract_features`` (or
     ``forward``), wrapped on the instance (fairseq's SequenceGenerator calls the decoder's methods
-    directly, which bypasses the decoder's own hooks).  Length prediction is not a pass."""
+    directly, which bypasses the decoder's own hooks).  A decoder's ``packed_features`` (inference over the
+    real positions, modules/packed.py, which reads the layers' parameters without calling them) is counted
+    as one pass too.  Length prediction is not a pass."""
 
     def __init__(self, models):
         model = models[0]
@@ -222,24 +224,32 @@ class count_decoder_calls:
         self.calls += 1
 
     def __enter__(self):
+        self._wrapped = []
         if self.layer is not None:
             self._hook = self.layer.register_forward_pre_hook(self._count)
+            if getattr(self.decoder, "packed_features", None) is not None:
+                self._wrap("packed_features")
         elif self.decoder is not None:
-            original = getattr(self.decoder, self.method)
-
-            def counted(*args, **kwargs):
-                self._count()
-                return original(*args, **kwargs)
-
-            setattr(self.decoder, self.method, counted)
+            self._wrap(self.method)
         return self  # nothing known to count: calls stays 0
+
+    def _wrap(self, method):
+        original = getattr(self.decoder, method)
+
+        def counted(*args, **kwargs):
+            self._count()
+            return original(*args, **kwargs)
+
+        setattr(self.decoder, method, counted)
+        self._wrapped.append(method)
 
     def __exit__(self, *exc):
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
-        elif self.decoder is not None:
-            delattr(self.decoder, self.method)  # the class' method is visible again
+        for method in self._wrapped:
+            delattr(self.decoder, method)  # the class' method is visible again
+        self._wrapped = []
         return False
 
 
