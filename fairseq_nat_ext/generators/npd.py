@@ -15,6 +15,11 @@ Options (task config fields, read through ``configure``; fairseq-generate ``--np
   sentences x 100 samples) are decoded and scored in length-sorted groups of at most
   ``NPD_CHUNK_TOKENS`` candidate tokens, one pass each, so memory stays bounded; one sentence's
   candidates are one group.  Only real (non-padding) positions are projected onto the vocabulary.
+  The same maths on less work (modules/packed.py; each tested against the padded forwards): the NAT
+  decoder and a fairseq Transformer teacher run their position-wise products on real positions only;
+  a pass of one source's candidates (batch 1) reads that source's encoder output unexpanded (keys and
+  values projected once), and the teacher scores those candidates over their distinct prefixes (a
+  prefix tree: a shared prefix is decoded and projected once).
   The teacher is a fairseq autoregressive checkpoint sharing the target dictionary (its symbols are
   a prefix of ours, which add ``<mask>``); it is loaded once per process and moved to the decoding
   device.
