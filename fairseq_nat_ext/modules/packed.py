@@ -17,6 +17,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from .attention.mix import stacked_qkv
+
 Tensor = torch.Tensor
 
 
@@ -58,8 +60,7 @@ def mha_supported(mha) -> bool:
 def self_attention(mha, x: Tensor, rows: Rows, mask: Optional[Tensor] = None, causal: bool = False) -> Tensor:
     """fairseq ``MultiheadAttention`` as self-attention on packed rows x (M, C) -> (M, C).  ``mask``: bool
     (True = may attend) or additive float, broadcasting to (N, H, T, T); ``causal``: the future is masked."""
-    lins = (mha.q_proj, mha.k_proj, mha.v_proj)
-    qkv = F.linear(x, torch.cat([lin.weight for lin in lins]), torch.cat([lin.bias for lin in lins]))
+    qkv = stacked_qkv(mha, x)
     N, T = rows.N, rows.T
     H = mha.num_heads
     q, k, v = rows.unpack(qkv).view(N, T, 3, H, -1).permute(2, 0, 3, 1, 4).unbind(0)  # each (N, H, T, d)

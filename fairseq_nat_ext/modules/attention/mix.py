@@ -20,6 +20,16 @@ from fairseq_nat_ext.compat import InputError
 from .registry import AttentionOptions, build_attention
 
 
+def stacked_qkv(module, x: torch.Tensor) -> torch.Tensor:
+    """(..., C) -> (..., 3C): ``module``'s q_proj, k_proj and v_proj (ours or fairseq's MultiheadAttention)
+    as ONE product with the three weights stacked (self-attention reads one input; one (C, 3C) GEMM forward
+    and backward is faster than three)."""
+    lins = (module.q_proj, module.k_proj, module.v_proj)
+    weight = torch.cat([lin.weight for lin in lins])
+    bias = torch.cat([lin.bias for lin in lins]) if module.q_proj.bias is not None else None
+    return torch.nn.functional.linear(x, weight, bias)
+
+
 class EfficientSelfAttention(nn.Module):
     def __init__(self, embed_dim: int, num_heads: int, spec: List[Tuple[str, int]], opts: AttentionOptions,
                  dropout: float = 0.0, bias: bool = True):
@@ -44,12 +54,8 @@ class EfficientSelfAttention(nn.Module):
             nn.init.constant_(self.out_proj.bias, 0.0)
 
     def project_qkv(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, T, C) -> (B, T, 3C): the q, k and v projections as ONE product with the three weights stacked
-        (self-attention reads one input; one (C, 3C) GEMM forward and backward is faster than three)."""
-        lins = (self.q_proj, self.k_proj, self.v_proj)
-        weight = torch.cat([lin.weight for lin in lins])
-        bias = torch.cat([lin.bias for lin in lins]) if self.q_proj.bias is not None else None
-        return torch.nn.functional.linear(x, weight, bias)
+        """(B, T, C) -> (B, T, 3C): :func:`stacked_qkv` of this module's projections."""
+        return stacked_qkv(self, x)
 
     def forward(self, query, key=None, value=None, key_padding_mask: Optional[torch.Tensor] = None,
                 need_weights: bool = False, attn_mask: Optional[torch.Tensor] = None, **unused):
