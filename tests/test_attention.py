@@ -526,7 +526,8 @@ def test_flash_partials_path_matches_the_sdpa_path_values_and_gradients(name, op
 @pytest.mark.parametrize("name,opts", MERGED_CASES)
 def test_flash_partials_backward_in_one_row_chunks_equals_one_chunk(name, opts, monkeypatch):
     """The backward pass cut into chunks under partials.CHUNK_BYTES (here: one kernel row per chunk, the
-    Blocks' gradient table accumulated over every chunk) gives the gradients of the unchunked pass."""
+    Blocks' gradient table accumulated over every chunk, the global rows one key per chunk) gives the
+    gradients of the unchunked pass."""
     from fairseq_nat_ext.modules.attention import partials
 
     mod = build(name, opts).to(torch.float64)

@@ -90,25 +90,24 @@ class BigBirdAttention(AttentionVariant):
         return out if glob is None else torch.cat([glob, out[:, :, g:]], dim=2)
 
     def merged(self, q, k, v, lengths, idx, valid, g):
-        """The same pattern as three disjoint key sets merged exactly (partials.py): the window blocks read
-        through an overlapping view of the keys, the global blocks as a prefix, the random blocks gathered."""
+        """The same pattern as two disjoint key sets merged exactly (partials.py): the window blocks read
+        through an overlapping view of the keys; the global and random blocks gathered together (one partial
+        less to run and merge than a separate global prefix: 1.97 -> 1.7 s fwd+bwd at N = 16384)."""
         B, H, N, d = q.shape
         o = self.opts
-        bs, wb, gb = o.block_size, o.bigbird_window_blocks, o.bigbird_global_blocks
+        bs, wb = o.block_size, o.bigbird_window_blocks
         nb = idx.size(2)
         half = wb // 2
         # window: the same in every head (padding queries see their whole window; discarded)
         parts = [partials.Band(bs, half, wb * bs, lengths, N, q.dtype, block_ok=valid[:, 0, :, :wb])]
         first = None
         if g > 0:  # global queries see every real key
-            real = valid_keys(lengths, nb * bs)
-            parts.append(partials.Prefix(g, real[:, :g], q.dtype))
-            first = partials.FirstRows(g, real, q.dtype)
-        if o.bigbird_random_blocks > 0:
-            rand = idx[..., wb + gb:].permute(0, 2, 1, 3)  # (B, nb, H, r)
-            kpos = (rand.unsqueeze(-1) * bs + torch.arange(bs, device=q.device)).flatten(-2)  # (B, nb, H, r * bs)
-            ok = valid[..., wb + gb:].permute(0, 2, 1, 3).repeat_interleave(bs, dim=-1) & (kpos < lengths.view(B, 1, 1, 1))
-            parts.append(partials.Blocks(bs, rand.flatten(0, 1), ok.flatten(0, 1), nb, q.dtype))
+            first = partials.FirstRows(g, valid_keys(lengths, nb * bs), q.dtype)
+        if idx.size(-1) > wb:  # global then random blocks, per head
+            blocks = idx[..., wb:].permute(0, 2, 1, 3)  # (B, nb, H, g + r)
+            kpos = (blocks.unsqueeze(-1) * bs + torch.arange(bs, device=q.device)).flatten(-2)
+            ok = valid[..., wb:].permute(0, 2, 1, 3).repeat_interleave(bs, dim=-1) & (kpos < lengths.view(B, 1, 1, 1))
+            parts.append(partials.Blocks(bs, blocks.flatten(0, 1), ok.flatten(0, 1), nb, q.dtype))
         return partials.merged_attention(q, k, v, parts, nb * bs, margin=half * bs, first=first)
 
     def pattern(self, lengths, n):

@@ -164,9 +164,6 @@ class FirstRows(Prefix):
         _, H, d = flat.shape
         return flat[margin:margin + B * L].view(B, L, H, d)[lo:hi].transpose(1, 2)
 
-    def fold(self, grad, flat_grad, B, L, margin, lo=0):
-        _, H, d = flat_grad.shape
-        flat_grad[margin:margin + B * L].view(B, L, H, d)[lo:lo + grad.size(0)] += grad.transpose(1, 2)
 
 
 class Blocks(Partial):
@@ -304,8 +301,25 @@ class _MergedAttention(torch.autograd.Function):
                 p.fold(dk, gk, B, L, margin, lo)
                 p.fold(dv, gv, B, L, margin, lo)
 
+        def run_first(p, gi, lse):
+            """The global rows over chunks of KEYS: with the whole row's lse and output the kernel's backward
+            on a key range gives exactly those keys' gradients (and their part of dq), and no key gradient
+            bigger than CHUNK_BYTES is allocated (a whole (L, H, d) one is fresh pages every pass)."""
+            qv, gv_, ov, dqv = p.q_view(qp), p.q_view(gi), p.q_view(out), p.q_view(gq)
+            keys, values, mask = p.keys(kf, B, L, margin), p.keys(vf, B, L, margin), p.mask()
+            step = max(1, CHUNK_BYTES // (H * d * kf.element_size()))
+            body_k = gk[margin:margin + B * L].view(B, L, H, d)
+            body_v = gv[margin:margin + B * L].view(B, L, H, d)
+            for lo in range(0, L, step):
+                hi = min(lo + step, L)
+                dq, dk, dv = _BACKWARD(gv_, qv, keys[:, :, lo:hi], values[:, :, lo:hi], ov, lse, 0.0, False,
+                                       attn_mask=mask[..., lo:hi])
+                dqv += dq
+                body_k[:, lo:hi] += dk.transpose(1, 2)
+                body_v[:, lo:hi] += dv.transpose(1, 2)
+
         if first is not None:
-            run(first, g, raw[-1])
+            run_first(first, g, raw[-1])
             g[:, :first.g] = 0.0  # those rows' merged output was replaced
         for i, p in enumerate(partials):
             run(p, g if not weights else weights[i].unsqueeze(-1).to(g.dtype) * g, raw[i])
