@@ -74,13 +74,13 @@ def test_rollin_runs_on_the_chosen_rows_only_with_the_same_result(model_task):
     take = torch.tensor([True, False, True, False, False, True])
     seen = []
 
-    def policy(rows, enc_rows, **kw):
+    def policy(rows, enc_rows, kv, **kw):
         seen.append(rows.size(0))
-        return model._model_insert(rows, enc_rows, **kw)
+        return model._model_insert(rows, enc_rows, kv, **kw)
 
     cap = 2 * tgt.ne(model.pad).sum(1)
     with torch.no_grad():
-        got = model._replace_rows(y0, take, policy, enc, max_len=cap[take])
+        got = model._replace_rows(y0, take, policy, enc, model.decoder.shared_kv(enc), max_len=cap[take])
         full = model._model_insert(y0, enc, max_len=cap)
     assert seen == [int(take.sum())]
     w = max(full.size(1), y0.size(1))
@@ -139,7 +139,7 @@ def test_paper_rollin_is_cut_at_twice_the_target_length(model_task, monkeypatch)
     model.args.levt_rollin, model.args.levt_alpha = "paper", 0.0  # every row rolls in
     top = model.decoder.max_placeholders
 
-    def greedy_max(tokens, encoder_out, normalize=False):
+    def greedy_max(tokens, encoder_out, normalize=False, kv=None):
         out = torch.zeros(tokens.size(0), tokens.size(1) - 1, top + 1)
         out[..., top] = 1.0
         return out

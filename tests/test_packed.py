@@ -51,7 +51,10 @@ def test_decoder_features_equal_fairseqs_forward_at_the_real_positions(toy_datab
 def test_unsupported_decoders_are_refused(toy_databin):
     teacher = _teacher(toy_databin[0])
     teacher.decoder.train()
-    assert not packed.supports_decoder(teacher.decoder)  # training: dropout is not implemented here
+    assert packed.supports_decoder(teacher.decoder)  # training: the layers' dropout modules act
+    teacher.decoder.decoder_layerdrop = 0.1  # dropped layers are not implemented here
+    assert not packed.supports_decoder(teacher.decoder)
+    teacher.decoder.decoder_layerdrop = 0.0
     teacher.decoder.eval()
     teacher.decoder.layers[0].self_attn.add_zero_attn = True
     assert not packed.supports_decoder(teacher.decoder)
@@ -123,3 +126,69 @@ def test_tree_teacher_scores_equal_fairseqs_forward_on_rows_sharing_prefixes(toy
             ref = target_log_probs(feats, teacher.decoder.output_layer, target, V, keep=keep).sum(1) / keep.sum(1)
         torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
         assert got[0] == got[2]  # a repeated row: the very same nodes
+
+
+@pytest.mark.parametrize("extra", [(), ("--decoder-normalize-before",)])
+def test_levenshtein_states_equal_fairseqs_forward_values_and_gradients(toy_databin, extra):
+    """The LevT decoder's passes (no future mask, key padding) on the real positions only, train mode
+    without dropout: the same states at the real positions and the same parameter gradients as fairseq's
+    padded ``extract_features``; passes sharing one cross-attention key / value projection (cross_kv) equal
+    passes projecting their own."""
+    from fairseq_nat_ext.models.nat.edit_ops import pad_to
+
+    torch.manual_seed(0)
+    task, model, _ = build_model_and_task(toy_databin[0], ["--arch", "levenshtein_tiny", "--dropout", "0", *extra])
+    model.train()
+    dec = model.decoder
+    assert packed.supports_decoder(dec)
+    task.load_dataset("test")
+    ds = task.dataset("test")
+    sample = ds.collater([ds[i] for i in range(4)])
+    src, src_len = sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"]
+    pad = dec.padding_idx
+    a = pad_to(_ragged_prev(pad, [5, 2, 7, 1], seed=1), 7, pad)
+    b = _ragged_prev(pad, [3, 6, 2, 4], seed=2)
+    weight = torch.randn(4, 7, dec.embed_dim)
+
+    def run(fn):
+        model.zero_grad()
+        enc = model.encoder(src, src_lengths=src_len)
+        ha, hb = fn(a, enc), fn(b, enc)
+        loss = (ha * a.ne(pad).unsqueeze(-1) * weight).sum() + (hb * b.ne(pad).unsqueeze(-1) * weight[:, :b.size(1)]).sum()
+        loss.backward()
+        return ha[a.ne(pad)], hb[b.ne(pad)], {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    ref = run(lambda t, enc: dec.extract_features(t, encoder_out=enc, full_context_alignment=True)[0])
+    own = run(lambda t, enc: packed.nat_decoder_features(dec, t, enc))
+    shared = {}
+
+    def with_shared(t, enc):
+        if "kv" not in shared or shared["enc"] is not enc:
+            shared.update(enc=enc, kv=packed.cross_kv(dec, enc))
+        return packed.nat_decoder_features(dec, t, enc, kv=shared["kv"])
+
+    both = run(with_shared)
+    for got in (own, both):
+        torch.testing.assert_close(got[0], ref[0], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(got[1], ref[1], atol=1e-5, rtol=1e-5)
+        assert got[2].keys() == ref[2].keys()
+        for name in ref[2]:
+            torch.testing.assert_close(got[2][name], ref[2][name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_packed_training_applies_the_decoders_dropout(toy_databin):
+    """With dropout the packed pass is random in training (two calls differ) and deterministic in eval."""
+    torch.manual_seed(0)
+    task, model, _ = build_model_and_task(toy_databin[0], ["--arch", "levenshtein_tiny", "--dropout", "0.3",
+                                                           "--attention-dropout", "0.2", "--activation-dropout", "0.1"])
+    task.load_dataset("test")
+    ds = task.dataset("test")
+    sample = ds.collater([ds[i] for i in range(2)])
+    src, src_len = sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"]
+    prev = _ragged_prev(model.decoder.padding_idx, [4, 3])
+    for training in (True, False):
+        model.train(training)
+        with torch.no_grad():
+            enc = model.encoder(src, src_lengths=src_len)
+            x, y = (packed.nat_decoder_features(model.decoder, prev, enc) for _ in range(2))
+        assert torch.equal(x, y) != training

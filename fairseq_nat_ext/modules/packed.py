@@ -1,4 +1,4 @@
-"""Inference through decoder layers over the REAL positions of a right-padded batch only ("packed" rows).
+"""Decoder layers over the REAL positions of a right-padded batch only ("packed" rows).
 
 NPD decodes and teacher-scores many candidates of different lengths at once: padded to the longest, 28% of
 the positions of Multi30K's batch-1 candidates (s = 10) are padding, and every position-wise product
@@ -8,9 +8,16 @@ the (M, C) rows of the real positions; only attention scatters its projections i
 weights.  Cross-attention to a single source (key batch 1: batch-1 NPD) needs no padded layout at all:
 the M query rows attend to its S keys directly.
 
+Training too (the Levenshtein Transformer's passes, :func:`nat_decoder_features`): y0 keeps a uniform share
+of its target's tokens, so about half of a batch's deletion / placeholder positions are padding.  The
+layers' own dropout modules act where fairseq's layer applies them (embedding, attention probabilities,
+each residual branch, the feed-forward activation), so in eval mode nothing changes; and a training step's
+passes over one batch may share the encoder keys / values of every cross-attention (:func:`cross_kv`:
+projected once, their gradient summed over the passes by autograd).
+
 Functions work on fairseq's own modules (``MultiheadAttention``, ``TransformerDecoderLayerBase``) and read
-their parameters; nothing is copied.  Eval mode only (no dropout): :func:`supports_decoder` says whether
-a fairseq decoder has only the features implemented here (callers fall back to its own forward otherwise).
+their parameters; nothing is copied.  :func:`supports_decoder` says whether a fairseq decoder has only the
+features implemented here (callers fall back to its own forward otherwise).
 """
 from typing import Optional
 
@@ -57,6 +64,12 @@ def mha_supported(mha) -> bool:
             and not getattr(mha, "use_xformers", False) and mha.q_proj.bias is not None)
 
 
+def attention_dropout(mha) -> float:
+    """The probability fairseq's ``MultiheadAttention`` drops attention weights with, now."""
+    drop = mha.dropout_module
+    return drop.p if drop.p > 0 and (drop.training or drop.apply_during_inference) else 0.0
+
+
 def self_attention(mha, x: Tensor, rows: Rows, mask: Optional[Tensor] = None, causal: bool = False) -> Tensor:
     """fairseq ``MultiheadAttention`` as self-attention on packed rows x (M, C) -> (M, C).  ``mask``: bool
     (True = may attend) or additive float, broadcasting to (N, H, T, T); ``causal``: the future is masked."""
@@ -64,7 +77,8 @@ def self_attention(mha, x: Tensor, rows: Rows, mask: Optional[Tensor] = None, ca
     N, T = rows.N, rows.T
     H = mha.num_heads
     q, k, v = rows.unpack(qkv).view(N, T, 3, H, -1).permute(2, 0, 3, 1, 4).unbind(0)  # each (N, H, T, d)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=attention_dropout(mha),
+                                         is_causal=causal and mask is None)
     return mha.out_proj(_merge(out, rows))
 
 
@@ -79,43 +93,70 @@ def positional_attention(mha, positions: Tensor, x: Tensor, rows: Rows, key_ok: 
     return mha.out_proj(_merge(out, rows))
 
 
-def cross_attention(mha, x: Tensor, rows: Rows, enc: Tensor, enc_pad: Optional[Tensor]) -> Tensor:
-    """Packed query rows x (M, C) over the encoder output ``enc`` (S, Bk, C) with padding ``enc_pad``
-    (Bk, S) bool (True = padding) or None.  Bk = 1: every row reads that one source (no padded layout);
-    Bk = N: row n reads source n."""
+def encoder_kv(mha, enc: Tensor):
+    """The keys and values (Bk, H, S, d) that ``mha`` reads from the encoder output ``enc`` (S, Bk, C)."""
     H = mha.num_heads
     S, Bk, _ = enc.shape
-    k = mha.k_proj(enc).permute(1, 0, 2).reshape(Bk, S, H, -1).transpose(1, 2)  # (Bk, H, S, d)
+    k = mha.k_proj(enc).permute(1, 0, 2).reshape(Bk, S, H, -1).transpose(1, 2)
     v = mha.v_proj(enc).permute(1, 0, 2).reshape(Bk, S, H, -1).transpose(1, 2)
+    return k, v
+
+
+def cross_kv(decoder, encoder_out) -> dict:
+    """Every layer's cross-attention keys / values over ``encoder_out``, keyed by the attention module: the
+    passes of one training step over the same sources share them (``kv=`` of :func:`nat_decoder_features`)."""
+    enc = encoder_out["encoder_out"][0]
+    return {layer.encoder_attn: encoder_kv(layer.encoder_attn, enc) for layer in decoder.layers
+            if layer.encoder_attn is not None}
+
+
+def select_kv(kv: Optional[dict], index: Tensor) -> Optional[dict]:
+    """The shared keys / values of the sources ``index`` (as fairseq's ``reorder_encoder_out``)."""
+    if kv is None:
+        return None
+    return {m: (k.index_select(0, index), v.index_select(0, index)) for m, (k, v) in kv.items()}
+
+
+def cross_attention(mha, x: Tensor, rows: Rows, enc: Tensor, enc_pad: Optional[Tensor], kv=None) -> Tensor:
+    """Packed query rows x (M, C) over the encoder output ``enc`` (S, Bk, C) with padding ``enc_pad``
+    (Bk, S) bool (True = padding) or None.  Bk = 1: every row reads that one source (no padded layout);
+    Bk = N: row n reads source n.  ``kv``: its keys / values already projected (:func:`encoder_kv`)."""
+    H = mha.num_heads
+    k, v = encoder_kv(mha, enc) if kv is None else kv  # (Bk, H, S, d)
+    Bk = k.size(0)
     ok = None if enc_pad is None else ~enc_pad.bool()[:, None, None, :]
     q = mha.q_proj(x)
+    p = attention_dropout(mha)
     if Bk == 1:
-        out = F.scaled_dot_product_attention(_heads(q.unsqueeze(0), H), k, v, attn_mask=ok)  # (1, H, M, d)
-        return mha.out_proj(out.transpose(1, 2).reshape(q.shape))
+        out = F.scaled_dot_product_attention(_heads(q.unsqueeze(0), H), k, v, attn_mask=ok, dropout_p=p)
+        return mha.out_proj(out.transpose(1, 2).reshape(q.shape))  # (1, H, M, d) -> (M, C)
     if Bk != rows.N:
         raise ValueError(f"cross_attention: {Bk} encoder rows for {rows.N} decoder rows")
-    out = F.scaled_dot_product_attention(_heads(rows.unpack(q), H), k, v, attn_mask=ok)
+    out = F.scaled_dot_product_attention(_heads(rows.unpack(q), H), k, v, attn_mask=ok, dropout_p=p)
     return mha.out_proj(_merge(out, rows))
 
 
 def block(layer, x: Tensor, norm, fn) -> Tensor:
-    """fairseq's residual block: pre- or post-norm by ``layer.normalize_before`` (eval: no dropout)."""
+    """fairseq's residual block: pre- or post-norm by ``layer.normalize_before``, the branch through the
+    layer's dropout (identity in eval mode)."""
     if layer.normalize_before:
-        return x + fn(norm(x))
-    return norm(x + fn(x))
+        return x + layer.dropout_module(fn(norm(x)))
+    return norm(x + layer.dropout_module(fn(x)))
 
 
 def feed_forward(layer, x: Tensor) -> Tensor:
-    return layer.fc2(layer.activation_fn(layer.fc1(x)))
+    return layer.fc2(layer.activation_dropout_module(layer.activation_fn(layer.fc1(x))))
 
 
 def supports_decoder(decoder) -> bool:
     """Whether :func:`decoder_features` reproduces this fairseq Transformer decoder's forward."""
     from fairseq.models.transformer import TransformerDecoderBase
 
-    if not isinstance(decoder, TransformerDecoderBase) or decoder.training:
+    if not isinstance(decoder, TransformerDecoderBase):
         return False
     if decoder.quant_noise is not None or getattr(decoder, "cross_self_attention", False):
+        return False
+    if decoder.training and getattr(decoder, "decoder_layerdrop", 0.0) > 0:
         return False
     for layer in decoder.layers:
         if getattr(layer, "cross_self_attention", False) or any(
@@ -175,7 +216,7 @@ def tree_decoder_features(decoder, prev_output_tokens: Tensor, encoder_out):
 
 
 def _embed(decoder, prev_output_tokens: Tensor) -> Tensor:
-    """fairseq's decoder input embedding (N, T, C), eval mode."""
+    """fairseq's decoder input embedding (N, T, C), through its dropout (identity in eval mode)."""
     x = decoder.embed_scale * decoder.embed_tokens(prev_output_tokens)
     if decoder.project_in_dim is not None:
         x = decoder.project_in_dim(x)
@@ -183,18 +224,20 @@ def _embed(decoder, prev_output_tokens: Tensor) -> Tensor:
         x = x + decoder.embed_positions(prev_output_tokens)
     if decoder.layernorm_embedding is not None:
         x = decoder.layernorm_embedding(x)
-    return x
+    return decoder.dropout_module(x)
 
 
-def _layers(decoder, x: Tensor, rows: Rows, enc, enc_pad, mask=None) -> Tensor:
+def _layers(decoder, x: Tensor, rows: Rows, enc, enc_pad, mask=None, causal=True, kv=None) -> Tensor:
     """The decoder layers and final norm / projection on packed rows; self-attention causal within each
-    row of ``rows``, or by ``mask`` when given."""
+    row of ``rows`` (``causal``), or by ``mask`` when given; ``kv``: shared keys / values of
+    :func:`cross_kv`."""
     for layer in decoder.layers:
         x = block(layer, x, layer.self_attn_layer_norm,
-                  lambda h: self_attention(layer.self_attn, h, rows, mask=mask, causal=mask is None))
+                  lambda h: self_attention(layer.self_attn, h, rows, mask=mask, causal=causal and mask is None))
         if layer.encoder_attn is not None and enc is not None:
+            shared = None if kv is None else kv[layer.encoder_attn]
             x = block(layer, x, layer.encoder_attn_layer_norm,
-                      lambda h: cross_attention(layer.encoder_attn, h, rows, enc, enc_pad))
+                      lambda h: cross_attention(layer.encoder_attn, h, rows, enc, enc_pad, kv=shared))
         x = block(layer, x, layer.final_layer_norm, lambda h: feed_forward(layer, h))
     if decoder.layer_norm is not None:
         x = decoder.layer_norm(x)
@@ -215,3 +258,18 @@ def decoder_features(decoder, prev_output_tokens: Tensor, encoder_out) -> Tensor
     enc_pad = encoder_out["encoder_padding_mask"][0] if enc is not None and encoder_out["encoder_padding_mask"] else None
     # causal: a real query sees only earlier positions, which are real in a right-padded row
     return _layers(decoder, x, rows, enc, enc_pad)
+
+
+def nat_decoder_features(decoder, tokens: Tensor, encoder_out, kv: Optional[dict] = None) -> Tensor:
+    """A fairseq Transformer decoder without its future mask (``full_context_alignment=True``: every
+    position reads every real position of its row), on right-padded ``tokens`` (N, T) -> features (N, T, C),
+    zeros at padding (fairseq leaves values there that no loss reads).  Training mode applies the decoder's
+    dropout as fairseq's layers do.  ``kv``: :func:`cross_kv` of this ``encoder_out``, shared by several
+    passes.  Only where :func:`supports_decoder`."""
+    valid = tokens.ne(decoder.padding_idx)
+    rows = Rows(valid)
+    x = rows.pack(_embed(decoder, tokens))
+    enc = encoder_out["encoder_out"][0] if encoder_out is not None and encoder_out["encoder_out"] else None
+    enc_pad = encoder_out["encoder_padding_mask"][0] if enc is not None and encoder_out["encoder_padding_mask"] else None
+    mask = valid[:, None, None, :]  # keys: the real positions of the row
+    return rows.unpack(_layers(decoder, x, rows, enc, enc_pad, mask=mask, kv=kv))

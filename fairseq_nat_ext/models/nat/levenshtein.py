@@ -19,6 +19,11 @@ Roll-in passes run on the rolled-in rows only (with their encoder states), not o
 without gradient; where the insertion policy's own (training) pass already read y0, its placeholder
 predictions are the deletion roll-in's first step (no second pass over the same rows).  Sequences
 carry ``<s>`` ... ``</s>``; the dataset target has no ``<s>``, the model adds it.
+
+Every decoder pass runs on the real positions of its rows only (``modules/packed.py``; y0 keeps a uniform
+share of the target, so about half of the placeholder and deletion inputs' positions are padding), and the
+passes of one step share each cross-attention's encoder keys / values (projected once).  Tested equal to
+fairseq's padded decoder forward.
 """
 
 import torch
@@ -29,6 +34,7 @@ from fairseq.models.nat import FairseqNATDecoder
 from fairseq.models.transformer import base_architecture as transformer_base_architecture
 
 from ...compat import InputError
+from ...modules import packed
 from ...oracles.levenshtein import levenshtein_oracle
 from ...tasks.nat_translation import MASK_SYMBOL
 from .base import SMALL, TINY, EditNATModel, arch_defaults
@@ -50,21 +56,29 @@ class LevenshteinDecoder(FairseqNATDecoder):
         self.mask_ins_proj = nn.Linear(2 * d, args.max_placeholders + 1)
         self.word_del_proj = nn.Linear(d, 2)
 
-    def states(self, tokens, encoder_out):
-        feats, _ = self.extract_features(tokens, encoder_out=encoder_out, full_context_alignment=True)
-        return feats  # (B, T, C)
+    def shared_kv(self, encoder_out):
+        """The cross-attentions' encoder keys / values for several passes over the same sources (None where
+        the packed path does not apply)."""
+        return packed.cross_kv(self, encoder_out) if packed.supports_decoder(self) else None
 
-    def forward_word_del(self, tokens, encoder_out, normalize=False):
-        out = self.word_del_proj(self.states(tokens, encoder_out))
+    def states(self, tokens, encoder_out, kv=None):
+        """(B, T, C) states; at padding zeros (packed path) or fairseq's unused values."""
+        if packed.supports_decoder(self):
+            return packed.nat_decoder_features(self, tokens, encoder_out, kv=kv)
+        feats, _ = self.extract_features(tokens, encoder_out=encoder_out, full_context_alignment=True)
+        return feats
+
+    def forward_word_del(self, tokens, encoder_out, normalize=False, kv=None):
+        out = self.word_del_proj(self.states(tokens, encoder_out, kv))
         return F.log_softmax(out, -1) if normalize else out
 
-    def forward_mask_ins(self, tokens, encoder_out, normalize=False):
-        h = self.states(tokens, encoder_out)
+    def forward_mask_ins(self, tokens, encoder_out, normalize=False, kv=None):
+        h = self.states(tokens, encoder_out, kv)
         out = self.mask_ins_proj(torch.cat([h[:, :-1], h[:, 1:]], -1))  # (B, T-1, M+1)
         return F.log_softmax(out, -1) if normalize else out
 
-    def forward_word_ins(self, tokens, encoder_out, normalize=False, select=None):
-        h = self.states(tokens, encoder_out)
+    def forward_word_ins(self, tokens, encoder_out, normalize=False, select=None, kv=None):
+        h = self.states(tokens, encoder_out, kv)
         if select is not None:
             h = h[select]
         out = self.output_layer(h)
@@ -99,31 +113,34 @@ class LevenshteinModel(EditNATModel):
     def _coin(self, p, n, device):
         return torch.rand(n, device=device) < p
 
-    def _replace_rows(self, base, take, policy, encoder_out, **kwargs):
+    @torch.no_grad()
+    def _replace_rows(self, base, take, policy, encoder_out, kv, **kwargs):
         """``base`` with the rows where ``take`` holds replaced by ``policy(those rows, their encoder
-        states, **kwargs)``: the roll-in passes run on the chosen rows only, not on the whole batch."""
+        states, their shared keys / values, **kwargs)``: the roll-in passes (no gradient) run on the chosen
+        rows only, not on the whole batch."""
         idx = take.nonzero(as_tuple=True)[0]
         if idx.numel() == 0:
             return base
         pad = self.pad
-        new = policy(trim(base[idx], pad), self.encoder.reorder_encoder_out(encoder_out, idx), **kwargs)
+        new = policy(trim(base[idx], pad), self.encoder.reorder_encoder_out(encoder_out, idx),
+                     packed.select_kv(kv, idx), **kwargs)
         w = max(base.size(1), new.size(1))
         out = pad_to(base, w, pad)
         out[idx] = pad_to(new, w, pad)
         return trim(out, pad)
 
     @torch.no_grad()
-    def _model_delete(self, tokens, encoder_out):
-        dele = self.decoder.forward_word_del(tokens, encoder_out).argmax(-1).bool()
+    def _model_delete(self, tokens, encoder_out, kv=None):
+        dele = self.decoder.forward_word_del(tokens, encoder_out, kv=kv).argmax(-1).bool()
         return delete_tokens(tokens, dele, self.pad, self.bos, self.eos)
 
     @torch.no_grad()
-    def _model_insert(self, tokens, encoder_out, max_len=None, counts=None):
+    def _model_insert(self, tokens, encoder_out, kv=None, max_len=None, counts=None):
         """The model's greedy insertion (placeholders, then tokens); rows grow to at most ``max_len``
         (an int or a (B,) tensor; default the decoder's max positions).  ``counts`` (B, >= T-1): the
         placeholder counts when a pass over these very rows already predicted them."""
         if counts is None:
-            counts = self.decoder.forward_mask_ins(tokens, encoder_out).argmax(-1)
+            counts = self.decoder.forward_mask_ins(tokens, encoder_out, kv=kv).argmax(-1)
         else:
             counts = counts[:, : tokens.size(1) - 1]
         limit = self.decoder.max_positions()
@@ -131,7 +148,7 @@ class LevenshteinModel(EditNATModel):
         out = insert_placeholders(tokens, counts, self.pad, self.mask_idx, max_len=max_len)
         holes = out.eq(self.mask_idx)
         if holes.any():
-            pred = self.decoder.forward_word_ins(out, encoder_out, select=holes).argmax(-1)
+            pred = self.decoder.forward_word_ins(out, encoder_out, select=holes, kv=kv).argmax(-1)
             out = fill_placeholders(out, pred, self.mask_idx)
         return out
 
@@ -144,12 +161,13 @@ class LevenshteinModel(EditNATModel):
             raise ValueError("levenshtein: the decoder input must start with <s>; build it with model.inject_noise "
                              "(task nat_translation does)")
         enc = self.encoder(src_tokens, src_lengths=src_lengths)
+        kv = self.decoder.shared_kv(enc)  # every pass below reads the same sources
         B, dev = tgt.size(0), tgt.device
 
         # ---- insertion policy: expert-deleted y0, or the model's own deletion (prob beta) ----------
         ins_in = y0
         if a.levt_beta > 0:
-            ins_in = self._replace_rows(y0, self._coin(a.levt_beta, B, dev), self._model_delete, enc)
+            ins_in = self._replace_rows(y0, self._coin(a.levt_beta, B, dev), self._model_delete, enc, kv)
         # the expert deletes what is not in the target: the insertion input is a subsequence of it
         # (y0 and the model's deletions of it already are, unless another noise made y0)
         o = levenshtein_oracle(ins_in, tgt, pad, mask)
@@ -159,9 +177,9 @@ class LevenshteinModel(EditNATModel):
         T_in = ins_in.size(1)
         slots = torch.arange(T_in - 1, device=dev).unsqueeze(0) < (ins_in.ne(pad).sum(1) - 1).unsqueeze(1)
         mask_ins_tgt = o.ins_counts[:, 1:T_in].clamp(max=self.decoder.max_placeholders)
-        mask_ins_out = self.decoder.forward_mask_ins(ins_in, enc)
+        mask_ins_out = self.decoder.forward_mask_ins(ins_in, enc, kv=kv)
         holes = o.masked_tgt.eq(mask)
-        word_ins_out = self.decoder.forward_word_ins(o.masked_tgt, enc, select=holes)
+        word_ins_out = self.decoder.forward_word_ins(o.masked_tgt, enc, select=holes, kv=kv)
 
         # ---- deletion policy -------------------------------------------------------------------
         if a.levt_rollin == "fairseq":
@@ -180,13 +198,13 @@ class LevenshteinModel(EditNATModel):
                 # reuse its argmax instead of a second pass; the other rows get their own pass
                 reuse = mine & rows_equal(ins_in, y0, pad)
                 counts = mask_ins_out.detach().argmax(-1)
-                del_in = self._replace_rows(y0, reuse, self._model_insert, enc, max_len=cap[reuse],
+                del_in = self._replace_rows(y0, reuse, self._model_insert, enc, kv, max_len=cap[reuse],
                                             counts=counts[reuse])
                 fresh = mine & ~reuse
-                del_in = self._replace_rows(del_in, fresh, self._model_insert, enc, max_len=cap[fresh])
+                del_in = self._replace_rows(del_in, fresh, self._model_insert, enc, kv, max_len=cap[fresh])
         od = levenshtein_oracle(del_in, tgt, pad, mask)
         del_mask = del_in.ne(pad) & del_in.ne(self.bos) & del_in.ne(self.eos)
-        word_del_out = self.decoder.forward_word_del(del_in, enc)
+        word_del_out = self.decoder.forward_word_del(del_in, enc, kv=kv)
         return {
             "mask_ins": {"out": mask_ins_out, "tgt": mask_ins_tgt, "mask": slots, "ls": 0.01, "factor": 1.0},
             "word_ins": {"out": word_ins_out, "tgt": tgt[holes], "mask": None, "factor": 1.0},
