@@ -7,7 +7,8 @@
 Shapes (issue defaults): batch 1, 8 heads of dimension 64 (model dim 512), fp32.  Each (variant, N)
 runs in a FRESH subprocess: it warms up at N=256, records its RSS, runs one timed forward+backward at
 N (``peak_mem_mb`` = peak RSS minus that RSS; on CUDA the allocator's peak), then repeats the timed
-call while the total stays under a few seconds and reports the median ``fwd_bwd_ms``.  A run that
+call while the total stays under a few seconds, at least 3 calls in all (the first call at N also pays
+for fresh pages: with 2 calls the median was their mean), and reports the median ``fwd_bwd_ms``.  A run that
 cannot allocate (address-space limit ``--mem-limit-gb``, CUDA OOM) or is killed gets ``"oom": true``.
 
 Variant settings (the issue's): window 256; stride 8 plus window 64; 16 global tokens plus window
@@ -29,6 +30,7 @@ import time
 
 DEFAULT_N = [512, 1024, 2048, 4096, 8192, 16384]
 HEADS, HEAD_DIM = 8, 64
+MIN_CALLS = 3  # timed calls per (variant, N) at least; their median is the row's fwd_bwd_ms
 
 # (row variant name, registry name, options) -- options as recorded in the JSON
 VARIANTS = {
@@ -120,7 +122,7 @@ def child(variant, n, device, threads, mem_limit_gb):
             row["peak_mem_mb"] = round((torch.cuda.max_memory_allocated() - base) / 2 ** 20, 1)
         else:
             row["peak_mem_mb"] = round(max(_peak_rss_mb() - base, 0.0), 1)
-        while sum(times) < 3000 and len(times) < 10:
+        while (sum(times) < 3000 or len(times) < MIN_CALLS) and len(times) < 10:
             times.append(once(fn, n))
         row["fwd_bwd_ms"] = round(statistics.median(times), 2)
     except (MemoryError, RuntimeError) as err:

@@ -147,9 +147,11 @@ def window_mask(lengths: Tensor, n: int, w: int, radius: int, min_key: int = 0, 
 
 
 def window_layout(radius: int, n: int, block: int = 0):
-    """(block size w, reach) covering |i - j| <= radius: w = ``block`` (default radius / 2, at least 1),
-    reach = ceil(radius / w) key blocks on each side."""
-    w = max(1, min(block or -(-radius // 2), n))
+    """(block size w, reach) covering |i - j| <= radius: w = ``block`` (default radius / 4, at least 1),
+    reach = ceil(radius / w) key blocks on each side.  A query block reads (2 reach + 1) w keys for the
+    2 radius + 1 it needs: w = radius / 4 reads 9/8 of them, radius / 2 5/4 (N = 16384, radius 256, CPU:
+    the window's kernel calls 0.73-0.83 s vs 0.82-0.94 s forward + backward; radius / 8 was slower)."""
+    w = max(1, min(block or -(-radius // 4), n))
     return w, -(-radius // w) if radius > 0 else 0
 
 

@@ -53,6 +53,7 @@ class Partial:
 
     w: Optional[int] = None
     chunk: Optional[int] = None  # None: all rows at once
+    gathers = False  # keys() copies the keys (Blocks): the forward pass runs in chunks too
     has_key: Optional[Tensor] = None  # bool broadcasting to (B, L, H): rows with at least one key here
 
     def mask(self, lo: int = 0, hi: Optional[int] = None) -> Tensor:
@@ -168,7 +169,10 @@ class FirstRows(Prefix):
 
 class Blocks(Partial):
     """Query block x (w positions) of head h reads the key blocks ``index[x, h, :]`` (block numbers within its
-    sequence, blocks of w positions); ``allowed`` (X, H, K * w) bool per key (the same for the whole block)."""
+    sequence, blocks of w positions); ``allowed`` (X, H, K * w) bool per key (the same for the whole block).
+    The gathered keys are K times the keys' size: both passes gather them chunk by chunk."""
+
+    gathers = True
 
     def __init__(self, w: int, index: Tensor, allowed: Tensor, nb: int, dtype: torch.dtype):
         X, H, K = index.shape
@@ -242,6 +246,25 @@ def _merge_weights(partials: List[Partial], lses: List[Tensor]) -> List[Tensor]:
     return [torch.exp(l - total) for l in lse]
 
 
+def _chunked_forward(p: Partial, qp: Tensor, kf: Tensor, vf: Tensor, B: int, L: int, margin: int):
+    """The kernel's forward over row ranges of at most CHUNK_BYTES of gathered keys, into outputs laid out as
+    the kernel's own ((X, Lq, H, d) memory seen as (X, H, Lq, d); lse (X, H, Lq)): the gathered keys and
+    values never exist for the whole sequence (N = 16384, bigbird: 2 x 168 MB of fresh pages per call)."""
+    qv = p.q_view(qp)
+    X, H, Lq, d = qv.shape
+    out = qv.new_empty(X, Lq, H, d).transpose(1, 2)
+    lse = None
+    row_bytes = p.keys(kf, B, L, margin, 0, 1)[0].numel() * kf.element_size()
+    for lo, hi in p.ranges(X, row_bytes):
+        o, l = _FORWARD(qv[lo:hi], p.keys(kf, B, L, margin, lo, hi), p.keys(vf, B, L, margin, lo, hi), 0.0,
+                        False, attn_mask=p.mask(lo, hi))
+        if lse is None:
+            lse = l.new_empty(X, *l.shape[1:])
+        out[lo:hi] = o
+        lse[lo:hi] = l
+    return out, lse
+
+
 class _MergedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, partials, first, L, margin):
@@ -252,8 +275,8 @@ class _MergedAttention(torch.autograd.Function):
         kf, vf = _flat(k, L, margin), _flat(v, L, margin)
         outs, lses, raw = [], [], []
         for p in partials:
-            o, lse = _FORWARD(p.q_view(qp), p.keys(kf, B, L, margin), p.keys(vf, B, L, margin),
-                              0.0, False, attn_mask=p.mask())
+            o, lse = _chunked_forward(p, qp, kf, vf, B, L, margin) if p.gathers else _FORWARD(
+                p.q_view(qp), p.keys(kf, B, L, margin), p.keys(vf, B, L, margin), 0.0, False, attn_mask=p.mask())
             outs.append(p.common(o, B))
             lses.append(p.common(lse, B).to(torch.promote_types(lse.dtype, torch.float32)))
             raw.append(lse)
@@ -290,22 +313,38 @@ class _MergedAttention(torch.autograd.Function):
         gq = torch.zeros_like(qp)
         gk, gv = torch.zeros_like(kf), torch.zeros_like(vf)
 
-        def run(p, gi, lse):
-            qv, gv_, ov, dqv = p.q_view(qp), p.q_view(gi), p.q_view(out), p.q_view(gq)
+        def run(p, lse, weight):
+            """One partial's kernel backward with gradient ``weight`` * g (its merge weight, per query; None:
+            1), the product formed chunk by chunk (a whole-sequence one is fresh pages every pass)."""
+            qv, gv_, ov, dqv = p.q_view(qp), p.q_view(g), p.q_view(out), p.q_view(gq)
+            wv = None if weight is None else p.q_view(weight.unsqueeze(-1).to(g.dtype))
+            if p.w is None:  # Prefix: whole sequences read the same few keys; chunks of QUERIES
+                keys, values, mask = p.keys(kf, B, L, margin), p.keys(vf, B, L, margin), p.mask()
+                step = max(1, CHUNK_BYTES // (B * H * d * kf.element_size()))
+                for lo in range(0, qv.size(2), step):
+                    q_ = slice(lo, lo + step)
+                    gi = gv_[:, :, q_] if wv is None else gv_[:, :, q_] * wv[:, :, q_]
+                    dq, dk, dv = _BACKWARD(gi, qv[:, :, q_], keys, values, ov[:, :, q_],
+                                           lse[:, :, q_].contiguous(), 0.0, False, attn_mask=mask)
+                    dqv[:, :, q_] += dq
+                    p.fold(dk, gk, B, L, margin)
+                    p.fold(dv, gv, B, L, margin)
+                return
             row_bytes = p.keys(kf, B, L, margin, 0, 1)[0].numel() * kf.element_size()  # one row's key gradient
             for lo, hi in p.ranges(qv.size(0), row_bytes):
-                dq, dk, dv = _BACKWARD(gv_[lo:hi], qv[lo:hi], p.keys(kf, B, L, margin, lo, hi),
+                gi = gv_[lo:hi] if wv is None else gv_[lo:hi] * wv[lo:hi]
+                dq, dk, dv = _BACKWARD(gi, qv[lo:hi], p.keys(kf, B, L, margin, lo, hi),
                                        p.keys(vf, B, L, margin, lo, hi), ov[lo:hi], lse[lo:hi], 0.0, False,
                                        attn_mask=p.mask(lo, hi))
                 dqv[lo:hi] += dq
                 p.fold(dk, gk, B, L, margin, lo)
                 p.fold(dv, gv, B, L, margin, lo)
 
-        def run_first(p, gi, lse):
+        def run_first(p, lse):
             """The global rows over chunks of KEYS: with the whole row's lse and output the kernel's backward
             on a key range gives exactly those keys' gradients (and their part of dq), and no key gradient
             bigger than CHUNK_BYTES is allocated (a whole (L, H, d) one is fresh pages every pass)."""
-            qv, gv_, ov, dqv = p.q_view(qp), p.q_view(gi), p.q_view(out), p.q_view(gq)
+            qv, gv_, ov, dqv = p.q_view(qp), p.q_view(g), p.q_view(out), p.q_view(gq)
             keys, values, mask = p.keys(kf, B, L, margin), p.keys(vf, B, L, margin), p.mask()
             step = max(1, CHUNK_BYTES // (H * d * kf.element_size()))
             body_k = gk[margin:margin + B * L].view(B, L, H, d)
@@ -319,10 +358,10 @@ class _MergedAttention(torch.autograd.Function):
                 body_v[:, lo:hi] += dv.transpose(1, 2)
 
         if first is not None:
-            run_first(first, g, raw[-1])
+            run_first(first, raw[-1])
             g[:, :first.g] = 0.0  # those rows' merged output was replaced
         for i, p in enumerate(partials):
-            run(p, g if not weights else weights[i].unsqueeze(-1).to(g.dtype) * g, raw[i])
+            run(p, raw[i], weights[i] if weights else None)
 
         for p in partials:
             p.__dict__.pop("_tables", None)
