@@ -59,6 +59,25 @@ def test_tables_render_pointer_next_to_bleu_results(tmp_path):
     assert tables.main([str(tmp_path / "pointer.json")]) == 1
 
 
+def test_a_subset_remeasured_elsewhere_is_its_own_benchmark(tmp_path, capsys):
+    """``--benchmark pointer_<name>``: its own file and README table next to ``pointer``; a file of one name
+    is never upserted as another, and a name outside the pattern is refused."""
+    for name in ("pointer", "pointer_tsp_beam"):
+        res = pr.new_results("cpu", 2, "cmd", benchmark=name)
+        pr.upsert_row(res, rows()[2])
+        pr.save_results(str(tmp_path / f"{name}.json"), res)
+    text = tables.markdown_tables([str(tmp_path / "pointer.json"), str(tmp_path / "pointer_tsp_beam.json")])
+    assert "### pointer\n" in text and "### pointer_tsp_beam\n" in text
+    with pytest.raises(pr.PointerResultsError):
+        pr.new_results("cpu", 2, "cmd", benchmark="tsp")
+    assert pr.validate_results(dict(res, benchmark="pointer-2")) != []
+    assert bench.main(["--benchmark", "Pointer", "--stages", "eval"]) == 1
+    assert "--benchmark 'Pointer'" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="holds benchmark 'pointer_tsp_beam'"):
+        bench.main(["--stages", "eval", "--experiments", "tsp5-20", "--work-dir", str(tmp_path / "w"),
+                    "--out", str(tmp_path / "pointer_tsp_beam.json")])
+
+
 @pytest.mark.parametrize("problem", ["convex_hull", "delaunay", "tsp"])
 def test_scoring_a_test_file(tmp_path, problem):
     path = str(tmp_path / "test_n7.txt")

@@ -21,7 +21,9 @@
 #   BEAMS            beam widths evaluated, 1 = greedy [1,5]
 #   THREADS          torch threads for training and decoding [2]
 #   STAGES           [data,train,eval]
-#   OUT [benchmarks/results/pointer.json]  README [README.md] (README= to skip the update)
+#   BENCHMARK_NAME   [pointer]; pointer_<name>: a subset re-measured on other hardware, as its own
+#                    benchmark (file, pictures and README table), so one table never mixes machines
+#   OUT [benchmarks/results/$BENCHMARK_NAME.json]  README [README.md] (README= to skip the update)
 #   CUDA=1           decode on CUDA when available
 # Data generation is single-threaded: about 1 min per 100000 hulls of 50 points; TSP 5-20 needs LKH
 # (about 10-15 ms per instance of n > 12), so 100000 examples take roughly 10-15 min.
@@ -39,14 +41,17 @@ export TRAIN_SIZE="${TRAIN_SIZE:-100000}" VALID_SIZE="${VALID_SIZE:-1000}" TEST_
 export MAX_UPDATE="${MAX_UPDATE:-20000}" STOP_TIME_HOURS="${STOP_TIME_HOURS:-1.0}"
 export BATCH_SIZE="${BATCH_SIZE:-128}" LR="${LR:-1e-3}" WARMUP="${WARMUP:-200}" CLIP_NORM="${CLIP_NORM:-2.0}"
 export BEAMS="${BEAMS:-1,5}" THREADS="${THREADS:-2}" STAGES="${STAGES:-data,train,eval}"
-OUT="${OUT:-benchmarks/results/pointer.json}"
+BENCHMARK_NAME="${BENCHMARK_NAME:-pointer}"
+OUT="${OUT:-benchmarks/results/$BENCHMARK_NAME.json}"
 README="${README-README.md}"
 CUDA_FLAG=(); [[ "${CUDA:-0}" == 1 ]] && CUDA_FLAG=(--cuda)
 export OMP_NUM_THREADS="$THREADS"
-COMMAND="training: examples/train_pointer.sh per experiment and arch, MAX_UPDATE=$MAX_UPDATE STOP_TIME_HOURS=$STOP_TIME_HOURS (whichever first) BATCH_SIZE=$BATCH_SIZE LR=$LR WARMUP=$WARMUP CLIP_NORM=$CLIP_NORM THREADS=$THREADS, TRAIN_SIZE=$TRAIN_SIZE; benchmark: EXPERIMENTS=$EXPERIMENTS ARCHS=$ARCHS TEST_SIZE=$TEST_SIZE BEAMS=$BEAMS bash examples/benchmark/pointer.sh"
+COMMAND="training: examples/train_pointer.sh per experiment and arch, MAX_UPDATE=$MAX_UPDATE STOP_TIME_HOURS=$STOP_TIME_HOURS (whichever first) BATCH_SIZE=$BATCH_SIZE LR=$LR WARMUP=$WARMUP CLIP_NORM=$CLIP_NORM THREADS=$THREADS, TRAIN_SIZE=$TRAIN_SIZE; benchmark: EXPERIMENTS=$EXPERIMENTS ARCHS=$ARCHS TEST_SIZE=$TEST_SIZE BEAMS=$BEAMS"
+[[ "$BENCHMARK_NAME" != pointer ]] && COMMAND+=" BENCHMARK_NAME=$BENCHMARK_NAME"
+COMMAND+=" bash examples/benchmark/pointer.sh"
 "$PYTHON" -m fairseq_nat_ext.benchmark.pointer --work-dir "$WORK" --out "$OUT" --stages "$STAGES" \
   --experiments "$EXPERIMENTS" --archs "$ARCHS" --train-size "$TRAIN_SIZE" --valid-size "$VALID_SIZE" \
-  --test-size "$TEST_SIZE" --beams "$BEAMS" --threads "$THREADS" --command "$COMMAND" ${CUDA_FLAG[@]+"${CUDA_FLAG[@]}"}
+  --test-size "$TEST_SIZE" --beams "$BEAMS" --threads "$THREADS" --command "$COMMAND" --benchmark "$BENCHMARK_NAME" ${CUDA_FLAG[@]+"${CUDA_FLAG[@]}"}
 if [[ -n "$README" && -f "$OUT" ]]; then
   "$PYTHON" -m fairseq_nat_ext.benchmark.tables "$(dirname "$OUT")"/*.json --update-readme "$README"
 fi

@@ -25,8 +25,10 @@ Stages:
   resumes from ``checkpoint_last.pt``; a finished run is not started again).
 * ``eval``: every checkpoint (``checkpoint_best.pt``, else ``checkpoint_last.pt``) decodes every test
   set with each ``--beams`` width; one row per (experiment, arch, n test, beam) is upserted into
-  ``--out`` (schema: :mod:`.pointer_results`), and ``<out dir>/pointer/<problem>.png`` shows a few
-  predicted vs true outputs.  Any invalid TSP tour stops the benchmark with an error.
+  ``--out`` (schema: :mod:`.pointer_results`), and ``<out dir>/<benchmark>/<problem>.png`` shows a few
+  predicted vs true outputs.  Any invalid TSP tour stops the benchmark with an error.  ``--benchmark
+  pointer_<name>``: the rows of a subset re-measured on other hardware, as their own benchmark (write
+  them to their own ``--out``).
 """
 import argparse
 import os
@@ -174,7 +176,13 @@ def stage_eval(args, exps, archs):
 
     torch.set_num_threads(args.threads)
     device = "cuda" if args.cuda and torch.cuda.is_available() else "cpu"
-    results = pr.load_results(args.out) if os.path.exists(args.out) else pr.new_results("", args.threads, "")
+    if os.path.exists(args.out):
+        results = pr.load_results(args.out)
+        if results["benchmark"] != args.benchmark:
+            raise SystemExit(f"error: {args.out} holds benchmark {results['benchmark']!r}, not --benchmark "
+                             f"{args.benchmark!r}; give this benchmark its own --out")
+    else:
+        results = pr.new_results("", args.threads, "", benchmark=args.benchmark)
     results.update(hardware=hardware_description(device), threads=args.threads,
                    command=args.command or "python -m fairseq_nat_ext.benchmark.pointer " + " ".join(sys.argv[1:]))
     plots = {}
@@ -212,7 +220,7 @@ def stage_eval(args, exps, archs):
                             (data.points_of(i), preds[i], data.output_of(i).tolist(),
                              f"{arch} n={n} beam={beam} #{i + 1}") for i in range(k)])
     for problem, (_, examples) in plots.items():
-        png = os.path.join(os.path.dirname(os.path.abspath(args.out)), "pointer", f"{problem}.png")
+        png = os.path.join(os.path.dirname(os.path.abspath(args.out)), args.benchmark, f"{problem}.png")
         plot_examples(png, problem, examples, title=f"{problem}: predicted (red) vs true (grey)")
         print(f"[pointer] wrote {png}")
     return results
@@ -221,7 +229,9 @@ def stage_eval(args, exps, archs):
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m fairseq_nat_ext.benchmark.pointer", description=__doc__.split("\n\n")[0])
     p.add_argument("--work-dir", default=os.path.join(REPO, "runs", "pointer"))
-    p.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results", "pointer.json"))
+    p.add_argument("--out", default=None, help="results file [benchmarks/results/<benchmark>.json]")
+    p.add_argument("--benchmark", default=pr.BENCHMARK,
+                   help="results name: 'pointer', or 'pointer_<name>' for a subset re-measured elsewhere")
     p.add_argument("--stages", default="data,train,eval", help="comma-separated subset of data,train,eval")
     p.add_argument("--experiments", default=",".join(EXPERIMENTS), help=f"subset of {','.join(EXPERIMENTS)}")
     p.add_argument("--archs", default=",".join(ARCHS))
@@ -242,6 +252,10 @@ def main(argv=None):
     problems = [f"unknown stage {s!r}" for s in stages if s not in ("data", "train", "eval")]
     problems += [f"unknown experiment {e!r}" for e in exps if e not in EXPERIMENTS]
     problems += [f"unknown arch {a!r}" for a in archs if a not in ARCHS]
+    if not pr.NAME_PATTERN.match(args.benchmark):
+        problems.append(f"--benchmark {args.benchmark!r}: expected 'pointer' or 'pointer_<name>'")
+    if args.out is None:
+        args.out = os.path.join(REPO, "benchmarks", "results", f"{args.benchmark}.json")
     try:
         args.beams = [int(b) for b in args.beams.split(",") if b]
     except ValueError:

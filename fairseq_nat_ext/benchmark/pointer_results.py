@@ -2,7 +2,8 @@
 
 Schema (exactly these keys)::
 
-    {"benchmark": "pointer", "hardware": str, "threads": int, "command": str, "rows": [row, ...]}
+    {"benchmark": "pointer" | "pointer_<name>", "hardware": str, "threads": int, "command": str,
+     "rows": [row, ...]}
 
     row = {"problem": "convex_hull" | "delaunay" | "tsp", "system": str (our arch),
            "n_train": str ("50", "5-50", ...), "n_test": int, "decoding": str ("beam=1", "beam=5"),
@@ -15,16 +16,19 @@ does not apply is null: ``area_coverage`` is set for convex_hull only, ``triangl
 delaunay only, ``tour_length`` / ``reference_tour_length`` / ``reference`` for tsp only (mean
 lengths over the test set; ``reference`` says whether the reference tours are exact (Held-Karp) or
 LKH's).  Rows are keyed by (problem, system, n_train, n_test, decoding); :func:`upsert_row` replaces
-the row with the same key.
+the row with the same key.  A subset re-measured on other hardware is its own benchmark
+``pointer_<name>`` (its own file and README table), so one file never mixes machines.
 """
 import json
 import math
 import os
+import re
 import tempfile
 
 from .decoding import is_canonical_decoding
 
 BENCHMARK = "pointer"
+NAME_PATTERN = re.compile(r"^pointer(_[a-z0-9_]+)?$")
 PROBLEMS = ("convex_hull", "delaunay", "tsp")
 TOP_FIELDS = ("benchmark", "hardware", "threads", "command", "rows")
 ROW_FIELDS = ("problem", "system", "n_train", "n_test", "decoding", "accuracy", "area_coverage",
@@ -92,8 +96,8 @@ def validate_results(obj):
     errors += [f"results: unexpected key {k!r}" for k in obj if k not in TOP_FIELDS]
     if errors:
         return errors
-    if obj["benchmark"] != BENCHMARK:
-        errors.append(f"results.benchmark: expected {BENCHMARK!r}")
+    if not isinstance(obj["benchmark"], str) or not NAME_PATTERN.match(obj["benchmark"]):
+        errors.append(f"results.benchmark: expected {BENCHMARK!r} or '{BENCHMARK}_<name>'")
     if not isinstance(obj["threads"], int) or isinstance(obj["threads"], bool) or obj["threads"] < 1:
         errors.append("results.threads: expected an integer >= 1")
     for key in ("hardware", "command"):
@@ -120,7 +124,7 @@ def check_results(obj, source="results"):
 
 
 def is_pointer_results(obj):
-    return isinstance(obj, dict) and obj.get("benchmark") == BENCHMARK
+    return isinstance(obj, dict) and isinstance(obj.get("benchmark"), str) and bool(NAME_PATTERN.match(obj["benchmark"]))
 
 
 def load_results(path):
@@ -128,8 +132,10 @@ def load_results(path):
         return check_results(json.load(f), str(path))
 
 
-def new_results(hardware, threads, command):
-    return {"benchmark": BENCHMARK, "hardware": hardware, "threads": int(threads), "command": command,
+def new_results(hardware, threads, command, benchmark=BENCHMARK):
+    if not NAME_PATTERN.match(benchmark):
+        raise PointerResultsError(f"benchmark name {benchmark!r}: expected {BENCHMARK!r} or '{BENCHMARK}_<name>'")
+    return {"benchmark": benchmark, "hardware": hardware, "threads": int(threads), "command": command,
             "rows": []}
 
 

@@ -13,7 +13,8 @@ a_i = exp(lse_i - lse); the backward pass calls the kernel's own backward per pa
 a_i * dO and the MERGED output as ``out``: the kernel's row term D = <dO_i, out> then equals the merged
 attention's, so dS_i = a_i P_i (dP_i - D) is exactly the gradient of the softmax over the union.
 
-Memory: the backward pass runs over chunks of query blocks, so the kernel's key gradients (one row per key
+Memory: the backward pass runs over chunks of query blocks (the prefix over chunks of queries, the global
+rows over chunks of keys; a gathering partial's forward pass over chunks too), so the kernel's key gradients (one row per key
 READ, (2 reach + 1)x the keys for a band) and the band's additive mask (rebuilt per chunk from a (w, span)
 band and per-block vectors) never exist for the whole sequence at once.  A chunk's key gradients are also
 kept under ``CHUNK_BYTES``: the kernel zero-fills them, and glibc serves a buffer above its mmap threshold
@@ -164,7 +165,6 @@ class FirstRows(Prefix):
     def keys(self, flat, B, L, margin, lo=0, hi=None):
         _, H, d = flat.shape
         return flat[margin:margin + B * L].view(B, L, H, d)[lo:hi].transpose(1, 2)
-
 
 
 class Blocks(Partial):
@@ -346,7 +346,7 @@ class _MergedAttention(torch.autograd.Function):
             bigger than CHUNK_BYTES is allocated (a whole (L, H, d) one is fresh pages every pass)."""
             qv, gv_, ov, dqv = p.q_view(qp), p.q_view(g), p.q_view(out), p.q_view(gq)
             keys, values, mask = p.keys(kf, B, L, margin), p.keys(vf, B, L, margin), p.mask()
-            step = max(1, CHUNK_BYTES // (H * d * kf.element_size()))
+            step = max(1, CHUNK_BYTES // (B * H * d * kf.element_size()))
             body_k = gk[margin:margin + B * L].view(B, L, H, d)
             body_v = gv[margin:margin + B * L].view(B, L, H, d)
             for lo in range(0, L, step):
