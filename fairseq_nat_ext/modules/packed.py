@@ -207,12 +207,18 @@ def tree_decoder_features(decoder, prev_output_tokens: Tensor, encoder_out):
     where = flat.ge(0).nonzero().squeeze(1)
     first.scatter_reduce_(0, flat[where], where, reduce="amax", include_self=True)  # one position per node
     x = _embed(decoder, prev_output_tokens).flatten(0, 1)[first]  # (K, C)
-    enc = encoder_out["encoder_out"][0]
-    enc_pad = encoder_out["encoder_padding_mask"][0] if encoder_out["encoder_padding_mask"] else None
+    enc, enc_pad = encoder_states(encoder_out)
     whole = Rows(torch.ones(1, x.size(0), dtype=torch.bool, device=x.device))  # the nodes as one sequence
     mask = ancestor.unsqueeze(0).unsqueeze(0)
     x = _layers(decoder, x, whole, enc, enc_pad, mask=mask)
     return x, node
+
+
+def encoder_states(encoder_out):
+    """fairseq's encoder output dict -> (states (S, B, C) or None, padding mask (B, S) or None)."""
+    enc = encoder_out["encoder_out"][0] if encoder_out is not None and encoder_out["encoder_out"] else None
+    enc_pad = encoder_out["encoder_padding_mask"][0] if enc is not None and encoder_out["encoder_padding_mask"] else None
+    return enc, enc_pad
 
 
 def _embed(decoder, prev_output_tokens: Tensor) -> Tensor:
@@ -227,13 +233,12 @@ def _embed(decoder, prev_output_tokens: Tensor) -> Tensor:
     return decoder.dropout_module(x)
 
 
-def _layers(decoder, x: Tensor, rows: Rows, enc, enc_pad, mask=None, causal=True, kv=None) -> Tensor:
+def _layers(decoder, x: Tensor, rows: Rows, enc, enc_pad, mask=None, kv=None) -> Tensor:
     """The decoder layers and final norm / projection on packed rows; self-attention causal within each
-    row of ``rows`` (``causal``), or by ``mask`` when given; ``kv``: shared keys / values of
-    :func:`cross_kv`."""
+    row of ``rows``, or by ``mask`` when given; ``kv``: shared keys / values of :func:`cross_kv`."""
     for layer in decoder.layers:
         x = block(layer, x, layer.self_attn_layer_norm,
-                  lambda h: self_attention(layer.self_attn, h, rows, mask=mask, causal=causal and mask is None))
+                  lambda h: self_attention(layer.self_attn, h, rows, mask=mask, causal=mask is None))
         if layer.encoder_attn is not None and enc is not None:
             shared = None if kv is None else kv[layer.encoder_attn]
             x = block(layer, x, layer.encoder_attn_layer_norm,
@@ -254,8 +259,7 @@ def decoder_features(decoder, prev_output_tokens: Tensor, encoder_out) -> Tensor
     valid = prev_output_tokens.ne(decoder.padding_idx)
     rows = Rows(valid)
     x = rows.pack(_embed(decoder, prev_output_tokens))
-    enc = encoder_out["encoder_out"][0] if encoder_out is not None and encoder_out["encoder_out"] else None
-    enc_pad = encoder_out["encoder_padding_mask"][0] if enc is not None and encoder_out["encoder_padding_mask"] else None
+    enc, enc_pad = encoder_states(encoder_out)
     # causal: a real query sees only earlier positions, which are real in a right-padded row
     return _layers(decoder, x, rows, enc, enc_pad)
 
@@ -269,7 +273,6 @@ def nat_decoder_features(decoder, tokens: Tensor, encoder_out, kv: Optional[dict
     valid = tokens.ne(decoder.padding_idx)
     rows = Rows(valid)
     x = rows.pack(_embed(decoder, tokens))
-    enc = encoder_out["encoder_out"][0] if encoder_out is not None and encoder_out["encoder_out"] else None
-    enc_pad = encoder_out["encoder_padding_mask"][0] if enc is not None and encoder_out["encoder_padding_mask"] else None
+    enc, enc_pad = encoder_states(encoder_out)
     mask = valid[:, None, None, :]  # keys: the real positions of the row
     return rows.unpack(_layers(decoder, x, rows, enc, enc_pad, mask=mask, kv=kv))

@@ -218,8 +218,7 @@ class FertilityDecoder(FairseqNATDecoder):
         key_ok[:, 0] |= ~valid.any(1)  # a row without positions reads its first (padding) one, as in forward
         # (N, 1, T, T): forward's mask (padding keys -inf, the diagonal a finite -1e8)
         self_mask = (additive(key_ok, h.dtype)[:, None, :] + no_self_attention_mask(T, h.dtype, h.device)).unsqueeze(1)
-        enc = encoder_out["encoder_out"][0]
-        enc_pad = encoder_out["encoder_padding_mask"][0] if encoder_out["encoder_padding_mask"] else None
+        enc, enc_pad = packed.encoder_states(encoder_out)
         for layer in self.layers:
             h = packed.block(layer, h, layer.self_attn_layer_norm,
                              lambda y: packed.self_attention(layer.self_attn, y, rows, mask=self_mask))

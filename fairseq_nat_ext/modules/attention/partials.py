@@ -81,6 +81,10 @@ class Partial:
         """Add the kernel's gradient for rows lo:lo + len(grad) of :meth:`keys` into the flat key gradient."""
         raise NotImplementedError
 
+    def row_bytes(self, flat: Tensor, B: int, L: int, margin: int) -> int:
+        """Bytes of one kernel row's keys (and so of its key gradient) from the flat keys."""
+        return self.keys(flat, B, L, margin, 0, 1)[0].numel() * flat.element_size()
+
     def ranges(self, X: int, row_bytes: int = 0) -> List[Tuple[int, int]]:
         """Row ranges of the backward pass: ``chunk`` rows, fewer where one row's key gradient (``row_bytes``)
         times the rows would pass CHUNK_BYTES."""
@@ -254,8 +258,7 @@ def _chunked_forward(p: Partial, qp: Tensor, kf: Tensor, vf: Tensor, B: int, L: 
     X, H, Lq, d = qv.shape
     out = qv.new_empty(X, Lq, H, d).transpose(1, 2)
     lse = None
-    row_bytes = p.keys(kf, B, L, margin, 0, 1)[0].numel() * kf.element_size()
-    for lo, hi in p.ranges(X, row_bytes):
+    for lo, hi in p.ranges(X, p.row_bytes(kf, B, L, margin)):
         o, l = _FORWARD(qv[lo:hi], p.keys(kf, B, L, margin, lo, hi), p.keys(vf, B, L, margin, lo, hi), 0.0,
                         False, attn_mask=p.mask(lo, hi))
         if lse is None:
@@ -330,8 +333,7 @@ class _MergedAttention(torch.autograd.Function):
                     p.fold(dk, gk, B, L, margin)
                     p.fold(dv, gv, B, L, margin)
                 return
-            row_bytes = p.keys(kf, B, L, margin, 0, 1)[0].numel() * kf.element_size()  # one row's key gradient
-            for lo, hi in p.ranges(qv.size(0), row_bytes):
+            for lo, hi in p.ranges(qv.size(0), p.row_bytes(kf, B, L, margin)):
                 gi = gv_[lo:hi] if wv is None else gv_[lo:hi] * wv[lo:hi]
                 dq, dk, dv = _BACKWARD(gi, qv[lo:hi], p.keys(kf, B, L, margin, lo, hi),
                                        p.keys(vf, B, L, margin, lo, hi), ov[lo:hi], lse[lo:hi], 0.0, False,
