@@ -12,6 +12,9 @@
 #   BATCH_SIZE        examples per update [128, as in Vinyals et al.]
 #   LR, WARMUP        Adam learning rate and inverse-sqrt warm-up updates [1e-3, 200]
 #   CLIP_NORM         gradient clipping [2.0, as in Vinyals et al.]
+#   AUGMENT           training-split augmentation: none | dihedral | permute | dihedral,permute [none]
+#                     (the unit square's 8 symmetries / a random point order, labels kept exact; drawn
+#                     afresh every epoch: fairseq_nat_ext/data/pointer_augment.py)
 #   SEED [1]  THREADS (torch/OMP threads) [2]
 # Checkpoints: SAVE_DIR/checkpoint_best.pt (lowest valid loss, validated every epoch) and
 # checkpoint_last.pt; training resumes from checkpoint_last.pt (on a finished run fairseq-train
@@ -28,12 +31,12 @@ PROBLEM="${PROBLEM:?error: set PROBLEM=convex_hull|delaunay|tsp}"
 ARCH="${ARCH:-pointer_lstm}"
 MAX_UPDATE="${MAX_UPDATE:-20000}"; STOP_TIME_HOURS="${STOP_TIME_HOURS:-0}"
 BATCH_SIZE="${BATCH_SIZE:-128}"; LR="${LR:-1e-3}"; WARMUP="${WARMUP:-200}"; CLIP_NORM="${CLIP_NORM:-2.0}"
-SEED="${SEED:-1}"; THREADS="${THREADS:-2}"
+SEED="${SEED:-1}"; THREADS="${THREADS:-2}"; AUGMENT="${AUGMENT:-none}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$THREADS}"
 mkdir -p "$SAVE_DIR"
-echo "# train_pointer.sh PROBLEM=$PROBLEM ARCH=$ARCH MAX_UPDATE=$MAX_UPDATE STOP_TIME_HOURS=$STOP_TIME_HOURS BATCH_SIZE=$BATCH_SIZE LR=$LR WARMUP=$WARMUP CLIP_NORM=$CLIP_NORM SEED=$SEED THREADS=$THREADS $*" >> "$SAVE_DIR/train.log"
+echo "# train_pointer.sh PROBLEM=$PROBLEM ARCH=$ARCH MAX_UPDATE=$MAX_UPDATE STOP_TIME_HOURS=$STOP_TIME_HOURS BATCH_SIZE=$BATCH_SIZE LR=$LR WARMUP=$WARMUP CLIP_NORM=$CLIP_NORM AUGMENT=$AUGMENT SEED=$SEED THREADS=$THREADS $*" >> "$SAVE_DIR/train.log"
 fairseq-train "$DATA_DIR" --user-dir "$REPO/fairseq_nat_ext" --task pointer_geometry --problem "$PROBLEM" \
-  --arch "$ARCH" --criterion pointer_cross_entropy \
+  --arch "$ARCH" --criterion pointer_cross_entropy --augment "$AUGMENT" \
   --optimizer adam --adam-betas '(0.9,0.999)' --lr "$LR" --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" \
   --warmup-init-lr 1e-7 --clip-norm "$CLIP_NORM" --batch-size "$BATCH_SIZE" --max-update "$MAX_UPDATE" \
   --stop-time-hours "$STOP_TIME_HOURS" --seed "$SEED" --num-workers 0 --save-dir "$SAVE_DIR" \

@@ -292,6 +292,27 @@ def test_incremental_decoding_equals_full_forward_and_ignores_padding(arch):
         assert torch.isinf(full[1, :, 5:]).all()  # padding slots are impossible
 
 
+def test_transformer_encoder_sees_point_indices_only_with_the_index_embedding():
+    """Without the index embedding the encoder is permutation-equivariant (the canonical start and
+    direction, which depend on indices, cannot be learnt); with it, reordering the points changes
+    what each point's memory row holds."""
+    coords = torch.rand(2, 7, 2)
+    lengths = torch.tensor([7, 7])
+    perm = torch.randperm(7)
+    for index_embed, equivariant in ((False, True), (True, False)):
+        torch.manual_seed(0)
+        _, model = build("pointer_transformer", SMALL["pointer_transformer"]
+                         + ([] if index_embed else ["--no-pointer-index-embed"]))
+        assert model.index_embed is index_embed
+        model.eval()
+        with torch.no_grad():
+            mem = model.encode(coords, lengths)["memory"]  # (B, 8, D): end slot, then the points
+            mem_perm = model.encode(coords[:, perm], lengths)["memory"]
+        same = torch.allclose(mem_perm[:, 1:], mem[:, 1:][:, perm], atol=1e-5)
+        assert same is equivariant
+        assert torch.allclose(mem_perm[:, 0], mem[:, 0], atol=1e-5) is equivariant
+
+
 @pytest.mark.parametrize("arch", ["pointer_lstm", "pointer_transformer"])
 def test_real_models_decode_valid_tours_and_ensembles_work(arch):
     torch.manual_seed(1)

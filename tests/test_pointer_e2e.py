@@ -23,7 +23,7 @@ def test_cli_train_then_generate_prints_valid_tours(tsp_dir, tmp_path):
     run_cli(["fairseq-train"] + common + [
         "--arch", "pointer_lstm", "--pointer-hidden-dim", "16", "--pointer-embed-dim", "8",
         "--criterion", "pointer_cross_entropy", "--optimizer", "adam", "--lr", "1e-3", "--batch-size", "16",
-        "--max-update", "3", "--save-dir", save, "--no-epoch-checkpoints",
+        "--max-update", "3", "--save-dir", save, "--no-epoch-checkpoints", "--augment", "dihedral,permute",
         "--num-workers", "0", "--disable-validation"])
     ckpt = os.path.join(save, "checkpoint_last.pt")
     proc = run_cli(["fairseq-generate"] + common + ["--path", ckpt, "--beam", "3", "--nbest", "2",

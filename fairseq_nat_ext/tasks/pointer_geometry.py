@@ -17,6 +17,8 @@ import logging
 import os
 from dataclasses import dataclass, field
 
+from omegaconf import II
+
 import numpy as np
 import torch
 from fairseq import utils
@@ -25,6 +27,7 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.tasks import FairseqTask, register_task
 
 from ..compat import InputError
+from ..data.pointer_augment import augment_example, parse_augment
 from ..data.pointer_format import PROBLEMS, read_pointer_file
 
 logger = logging.getLogger(__name__)
@@ -51,13 +54,18 @@ def slots_to_ids(slots, dictionary):
 
 class PointerGeometryDataset(FairseqDataset):
     """Examples of a :class:`~fairseq_nat_ext.data.pointer_format.PointerData`; the target is the
-    output sequence followed by the end slot."""
+    output sequence followed by the end slot.  ``augment`` (names from
+    :func:`~fairseq_nat_ext.data.pointer_augment.parse_augment`) transforms every example afresh in
+    each epoch, drawn from (seed, epoch, index), so a resumed run sees the same examples."""
 
-    def __init__(self, data, dictionary, shuffle=True):
+    def __init__(self, data, dictionary, shuffle=True, augment=(), seed=1):
         self.data = data
         self.dict = dictionary
         self.offset = slot_offset(dictionary)
         self.shuffle = shuffle
+        self.augment = tuple(augment)
+        self.seed = seed
+        self.epoch = 1
         self.sizes = data.sizes.astype(np.int64)
         self.tgt_sizes = data.output_sizes.astype(np.int64) + 1  # + end
         self.coords = torch.from_numpy(data.points.astype(np.float32))
@@ -68,8 +76,20 @@ class PointerGeometryDataset(FairseqDataset):
     def __getitem__(self, index):
         d = self.data
         coords = self.coords[d.point_offsets[index]:d.point_offsets[index + 1]]
-        out = torch.from_numpy(d.output_of(index) + 1)  # slots of the points
+        out = d.output_of(index)
+        if self.augment:
+            rng = np.random.default_rng([self.seed, self.epoch, index])
+            points, out = augment_example(d.problem, coords.numpy(), out, rng, self.augment)
+            coords = torch.from_numpy(np.ascontiguousarray(points))
+        out = torch.from_numpy(out + 1)  # slots of the points
         return {"id": index, "coords": coords, "slots": torch.cat([out, out.new_zeros(1)])}
+
+    @property
+    def can_reuse_epoch_itr_across_epochs(self):
+        return True  # batches depend on sizes only; set_epoch changes the augmentation
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
 
     def collater(self, samples):
         if not samples:
@@ -122,6 +142,12 @@ class PointerGeometryConfig(FairseqDataclass):
         default="convex_hull", metadata={"help": "which labels the files hold and which constraints decoding uses"})
     max_points: int = field(default=1000, metadata={
         "help": "largest number of input points (size of the position dictionary)"})
+    augment: str = field(default="none", metadata={
+        "help": "training-split augmentation, drawn afresh every epoch: none, or a comma-separated subset "
+                "of dihedral (the 8 symmetries of the unit square) and permute (the points in a random "
+                "order, output re-canonicalised); labels stay exact (fairseq_nat_ext.data.pointer_augment)"})
+    seed: int = II("common.seed")
+    train_subset: str = II("dataset.train_subset")
     pointer_unconstrained: bool = field(default=False, metadata={
         "help": "decode without validity masks (ablation): only padding is masked and </s> forced at the "
                 "longest valid length"})
@@ -145,6 +171,10 @@ class PointerGeometryTask(FairseqTask):
             raise InputError(f"pointer_geometry: --problem {cfg.problem}: one of {', '.join(PROBLEMS)}")
         if cfg.max_points < 3:
             raise InputError("pointer_geometry: --max-points must be >= 3")
+        try:
+            parse_augment(getattr(cfg, "augment", None))
+        except ValueError as err:
+            raise InputError(f"pointer_geometry: --augment {cfg.augment}: {err}") from None
         return cls(cfg, position_dictionary(cfg.max_points))
 
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
@@ -155,7 +185,11 @@ class PointerGeometryTask(FairseqTask):
         if biggest > self.cfg.max_points:
             raise InputError(f"pointer_geometry: {path}: an example has {biggest} points, more than "
                              f"--max-points {self.cfg.max_points}")
-        self.datasets[split] = PointerGeometryDataset(data, self.dictionary, shuffle=(split == "train"))
+        # getattr: a checkpoint's stored task config from before these options lacks them
+        train = split == (getattr(self.cfg, "train_subset", None) or "train")
+        augment = parse_augment(getattr(self.cfg, "augment", None)) if train else ()
+        self.datasets[split] = PointerGeometryDataset(
+            data, self.dictionary, shuffle=train, augment=augment, seed=getattr(self.cfg, "seed", None) or 1)
         logger.info(f"pointer_geometry {split}: {len(data)} {self.cfg.problem} examples from {path}")
 
     def get_batch_iterator(self, dataset, max_tokens=None, max_sentences=None, max_positions=None,

@@ -1,12 +1,19 @@
 """Arch ``pointer_transformer``: a Transformer encoder over the point set and a pointer decoder.
 
-Encoder: a learned end vector (slot 0) and the linearly embedded points (slots 1..n), no position
-embedding (the input is a set), pre-norm Transformer layers with key padding masks.  Decoder: at step
-t its input is the encoder output of the slot pointed at in step t - 1 (a learned start vector at
-t = 0) plus a sinusoidal step embedding; pre-norm layers of causal self-attention, cross-attention
-to the encoder and a feed-forward block; the additive pointer over the n + 1 encoder slots is the
-output distribution.  Incremental decoding keeps, per layer, the normalised inputs of the previous
-steps (the self-attention keys/values), so a step costs O(t), and equals the full forward (tested).
+Encoder: a learned end vector (slot 0) and the linearly embedded points (slots 1..n) plus a
+sinusoidal embedding of each point's 1-based index, pre-norm Transformer layers with key padding
+masks.  The input is a set, but the canonical outputs are not: a hull starts at its lowest index and
+a tour's direction is fixed by comparing indices.  Without the index embedding
+(``--no-pointer-index-embed``, the behaviour before the option existed) the encoder is
+permutation-equivariant, so the model cannot tell which hull vertex to start from or which way round
+a tour goes: those steps become coin flips.
+
+Decoder: at step t its input is the encoder output of the slot pointed at in step t - 1 (a learned
+start vector at t = 0) plus a sinusoidal step embedding; pre-norm layers of causal self-attention,
+cross-attention to the encoder and a feed-forward block; the additive pointer over the n + 1 encoder
+slots is the output distribution.  Incremental decoding keeps, per layer, the normalised inputs of
+the previous steps (the self-attention keys/values), so a step costs O(t), and equals the full
+forward (tested).
 """
 import torch
 import torch.nn as nn
@@ -67,6 +74,7 @@ class PointerTransformerModel(PointerModel):
         self.decoder_norm = nn.LayerNorm(D)
         self.dropout = nn.Dropout(args.dropout)
         self.pointer = AdditivePointer(D, D, D, clip=args.pointer_logit_clip)
+        self.index_embed = bool(args.pointer_index_embed)
 
     @staticmethod
     def add_args(parser):
@@ -78,6 +86,9 @@ class PointerTransformerModel(PointerModel):
         parser.add_argument("--dropout", type=float, help="dropout")
         parser.add_argument("--pointer-logit-clip", type=float,
                             help="C > 0 bounds pointer logits to C*tanh(u) (0 = off)")
+        parser.add_argument("--no-pointer-index-embed", dest="pointer_index_embed", action="store_false",
+                            default=None, help="no sinusoidal embedding of the points' input indices (the "
+                                               "encoder then cannot see the order the canonical outputs use)")
 
     @classmethod
     def build_model(cls, args, task):
@@ -91,7 +102,11 @@ class PointerTransformerModel(PointerModel):
 
     def encode(self, src_coords, src_lengths):
         B, N, _ = src_coords.shape
-        x = torch.cat([self.end_embed.expand(B, 1, -1), self.point_embed(src_coords)], 1)  # (B, S, D)
+        points = self.point_embed(src_coords)
+        if self.index_embed:
+            index = torch.arange(1, N + 1, device=src_coords.device)
+            points = points + sinusoid(index, points.size(-1)).to(points.dtype)
+        x = torch.cat([self.end_embed.expand(B, 1, -1), points], 1)  # (B, S, D)
         slot_mask = self.slot_mask(src_lengths, N + 1)
         memory = self.encoder(self.dropout(x), src_key_padding_mask=~slot_mask)
         memory = memory.masked_fill(~slot_mask.unsqueeze(-1), 0.0)
@@ -134,6 +149,6 @@ class PointerTransformerModel(PointerModel):
 def pointer_transformer_base(args):
     for name, value in (("encoder_embed_dim", 128), ("encoder_layers", 3), ("decoder_layers", 2),
                         ("encoder_attention_heads", 8), ("encoder_ffn_embed_dim", 512), ("dropout", 0.0),
-                        ("pointer_logit_clip", 10.0)):
+                        ("pointer_logit_clip", 10.0), ("pointer_index_embed", True)):
         if getattr(args, name, None) is None:
             setattr(args, name, value)
