@@ -59,6 +59,15 @@ def test_tables_render_pointer_next_to_bleu_results(tmp_path):
     assert tables.main([str(tmp_path / "pointer.json")]) == 1
 
 
+def test_beam_widths_are_listed_in_numeric_order():
+    res = pr.new_results("cpu", 2, "cmd")
+    base = next(r for r in rows() if r["problem"] == "tsp")
+    for beam in (10, 1, 5):
+        pr.upsert_row(res, dict(base, decoding=f"beam={beam}"))
+    lines = [ln for ln in pr.markdown_table(res).splitlines() if ln.startswith("| `tsp`")]
+    assert [ln.split("`beam=")[1].split("`")[0] for ln in lines] == ["1", "5", "10"]
+
+
 def test_a_subset_remeasured_elsewhere_is_its_own_benchmark(tmp_path, capsys):
     """``--benchmark pointer_<name>``: its own file and README table next to ``pointer``; a file of one name
     is never upserted as another, and a name outside the pattern is refused."""

@@ -39,6 +39,11 @@ ONLY_FOR = {"area_coverage": "convex_hull", "triangle_coverage": "delaunay", "to
 FRACTIONS = ("accuracy", "area_coverage", "triangle_coverage")
 
 
+def _natural(text):
+    """Sort key reading digit runs as numbers: beam=5 before beam=10."""
+    return [(0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", text)]
+
+
 class PointerResultsError(ValueError):
     pass
 
@@ -203,7 +208,7 @@ def markdown_table(results):
         "| " + " | ".join(["---", "---", "---:", "---:", "---"] + ["---:"] * 6 + ["---", "---:", "---:"]) + " |",
     ]
     order = sorted(results["rows"], key=lambda r: (PROBLEMS.index(r["problem"]), r["n_train"], r["system"],
-                                                   r["n_test"], r["decoding"]))
+                                                   r["n_test"], _natural(r["decoding"])))
     for r in order:
         tsp = r["problem"] == "tsp"
         gap = (100 * (r["tour_length"] / r["reference_tour_length"] - 1)
