@@ -17,10 +17,9 @@ import logging
 import os
 from dataclasses import dataclass, field
 
-from omegaconf import II
-
 import numpy as np
 import torch
+from omegaconf import II
 from fairseq import utils
 from fairseq.data import Dictionary, FairseqDataset
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
@@ -188,8 +187,9 @@ class PointerGeometryTask(FairseqTask):
         # getattr: a checkpoint's stored task config from before these options lacks them
         train = split == (getattr(self.cfg, "train_subset", None) or "train")
         augment = parse_augment(getattr(self.cfg, "augment", None)) if train else ()
+        seed = getattr(self.cfg, "seed", None)
         self.datasets[split] = PointerGeometryDataset(
-            data, self.dictionary, shuffle=train, augment=augment, seed=getattr(self.cfg, "seed", None) or 1)
+            data, self.dictionary, shuffle=train, augment=augment, seed=1 if seed is None else seed)
         logger.info(f"pointer_geometry {split}: {len(data)} {self.cfg.problem} examples from {path}")
 
     def get_batch_iterator(self, dataset, max_tokens=None, max_sentences=None, max_positions=None,
