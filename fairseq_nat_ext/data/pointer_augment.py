@@ -17,7 +17,7 @@ generators' labels recomputed on the transformed points).  Outputs are 0-based o
 """
 import numpy as np
 
-from .pointer_format import canonical_tour, canonical_triangles
+from .pointer_format import canonical_sequence
 
 AUGMENTATIONS = ("dihedral", "permute")
 
@@ -42,20 +42,6 @@ def dihedral(points, code):
     if code & 4:
         p[:, 1] = 1.0 - p[:, 1]
     return p, bin(code).count("1") % 2 == 1
-
-
-def canonical_sequence(problem, out):
-    """0-based output sequence (closed hull / closed tour / flat triangles) -> its canonical form."""
-    if problem == "convex_hull":
-        body = out[:-1]
-        body = np.roll(body, -int(np.argmin(body)))
-        return np.concatenate([body, body[:1]])
-    if problem == "tsp":
-        tour = canonical_tour(out[:-1])
-        return np.concatenate([tour, tour[:1]])
-    if problem == "delaunay":
-        return canonical_triangles(out).reshape(-1)
-    raise ValueError(problem)
 
 
 def augment_example(problem, points, out, rng, names):

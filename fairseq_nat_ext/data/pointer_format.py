@@ -43,6 +43,20 @@ def canonical_tour(tour):
     return tour
 
 
+def canonical_sequence(problem, out):
+    """0-based output sequence (closed hull / closed tour / flat triangles) -> its canonical form."""
+    out = np.asarray(out, dtype=np.int64)
+    if problem == "convex_hull":
+        body = np.roll(out[:-1], -int(np.argmin(out[:-1])))
+        return np.concatenate([body, body[:1]])
+    if problem == "tsp":
+        tour = canonical_tour(out[:-1])
+        return np.concatenate([tour, tour[:1]])
+    if problem == "delaunay":
+        return canonical_triangles(out).reshape(-1)
+    raise ValueError(problem)
+
+
 @dataclass
 class PointerData:
     """All examples of one file: points (total, 2) float64, outputs (total_out,) int64 0-based as in
@@ -127,8 +141,7 @@ def check_output(problem, n, out):
         if len(np.unique(body)) != len(body):
             dup = _first_duplicate(body)
             raise _LineError(f"index {dup + 1} repeated in the hull")
-        body = np.roll(body, -int(np.argmin(body)))
-        return np.concatenate([body, body[:1]])
+        return canonical_sequence(problem, np.concatenate([body, body[:1]]))
     if problem == "delaunay":
         if len(o) == 0 or len(o) % 3:
             raise _LineError(f"wrong count: {len(o)} indices, not a positive multiple of 3 (triangles)")
@@ -150,8 +163,7 @@ def check_output(problem, n, out):
             raise _LineError("the tour does not return to its first city")
         if len(np.unique(o[:-1])) != n:
             raise _LineError(f"city {_first_duplicate(o[:-1]) + 1} visited twice")
-        tour = canonical_tour(o[:-1])
-        return np.concatenate([tour, tour[:1]])
+        return canonical_sequence(problem, o)
     raise ValueError(problem)
 
 
