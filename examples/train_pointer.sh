@@ -15,6 +15,9 @@
 #   AUGMENT           training-split augmentation: none | dihedral | permute | dihedral,permute [none]
 #                     (the unit square's 8 symmetries / a random point order, labels kept exact; drawn
 #                     afresh every epoch: fairseq_nat_ext/data/pointer_augment.py)
+#   INDEX_RANGE       pointer_transformer only: L > 0 trains with randomised index positions (a sorted
+#                     random subset of 1..L per example; evenly spaced at inference) so that a model
+#                     can be tested on more points than it saw, up to L; 0 = indices 1..n [0]
 #   SEED [1]  THREADS (torch/OMP threads) [2]
 # Checkpoints: SAVE_DIR/checkpoint_best.pt (lowest valid loss, validated every epoch) and
 # checkpoint_last.pt; training resumes from checkpoint_last.pt (on a finished run fairseq-train
@@ -31,12 +34,17 @@ PROBLEM="${PROBLEM:?error: set PROBLEM=convex_hull|delaunay|tsp}"
 ARCH="${ARCH:-pointer_lstm}"
 MAX_UPDATE="${MAX_UPDATE:-20000}"; STOP_TIME_HOURS="${STOP_TIME_HOURS:-0}"
 BATCH_SIZE="${BATCH_SIZE:-128}"; LR="${LR:-1e-3}"; WARMUP="${WARMUP:-200}"; CLIP_NORM="${CLIP_NORM:-2.0}"
-SEED="${SEED:-1}"; THREADS="${THREADS:-2}"; AUGMENT="${AUGMENT:-none}"
+SEED="${SEED:-1}"; THREADS="${THREADS:-2}"; AUGMENT="${AUGMENT:-none}"; INDEX_RANGE="${INDEX_RANGE:-0}"
+ARCH_ARGS=()
+if [[ "$INDEX_RANGE" != 0 ]]; then
+  [[ "$ARCH" == pointer_transformer ]] || { echo "error: INDEX_RANGE=$INDEX_RANGE needs ARCH=pointer_transformer (got $ARCH)" >&2; exit 1; }
+  ARCH_ARGS=(--pointer-index-range "$INDEX_RANGE")
+fi
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$THREADS}"
 mkdir -p "$SAVE_DIR"
-echo "# train_pointer.sh PROBLEM=$PROBLEM ARCH=$ARCH MAX_UPDATE=$MAX_UPDATE STOP_TIME_HOURS=$STOP_TIME_HOURS BATCH_SIZE=$BATCH_SIZE LR=$LR WARMUP=$WARMUP CLIP_NORM=$CLIP_NORM AUGMENT=$AUGMENT SEED=$SEED THREADS=$THREADS $*" >> "$SAVE_DIR/train.log"
+echo "# train_pointer.sh PROBLEM=$PROBLEM ARCH=$ARCH MAX_UPDATE=$MAX_UPDATE STOP_TIME_HOURS=$STOP_TIME_HOURS BATCH_SIZE=$BATCH_SIZE LR=$LR WARMUP=$WARMUP CLIP_NORM=$CLIP_NORM AUGMENT=$AUGMENT INDEX_RANGE=$INDEX_RANGE SEED=$SEED THREADS=$THREADS $*" >> "$SAVE_DIR/train.log"
 fairseq-train "$DATA_DIR" --user-dir "$REPO/fairseq_nat_ext" --task pointer_geometry --problem "$PROBLEM" \
-  --arch "$ARCH" --criterion pointer_cross_entropy --augment "$AUGMENT" \
+  --arch "$ARCH" ${ARCH_ARGS[@]+"${ARCH_ARGS[@]}"} --criterion pointer_cross_entropy --augment "$AUGMENT" \
   --optimizer adam --adam-betas '(0.9,0.999)' --lr "$LR" --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" \
   --warmup-init-lr 1e-7 --clip-norm "$CLIP_NORM" --batch-size "$BATCH_SIZE" --max-update "$MAX_UPDATE" \
   --stop-time-hours "$STOP_TIME_HOURS" --seed "$SEED" --num-workers 0 --save-dir "$SAVE_DIR" \

@@ -59,6 +59,20 @@ def test_tables_render_pointer_next_to_bleu_results(tmp_path):
     assert tables.main([str(tmp_path / "pointer.json")]) == 1
 
 
+def test_rows_from_several_evaluation_runs_name_their_commands():
+    res = pr.new_results("cpu", 2, "run B")
+    for r in rows():
+        pr.upsert_row(res, r)
+    assert "- command: `run B`" in pr.markdown_table(res)  # rows without their own: the file's command
+    res["rows"][0]["command"] = "run A"
+    res["rows"][1]["command"] = "run B"
+    assert pr.validate_results(res) == []
+    text = pr.markdown_table(res)
+    assert "- commands (" in text and "  - `run A`" in text and "  - `run B`" in text
+    assert text.count("`run B`") == 1
+    assert any("command: expected a non-empty string" in e for e in pr.validate_row(dict(rows()[0], command="")))
+
+
 def test_beam_widths_are_listed_in_numeric_order():
     res = pr.new_results("cpu", 2, "cmd")
     base = next(r for r in rows() if r["problem"] == "tsp")

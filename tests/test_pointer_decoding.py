@@ -270,10 +270,11 @@ SMALL = {"pointer_lstm": ["--pointer-hidden-dim", "16", "--pointer-embed-dim", "
                                  "--encoder-ffn-embed-dim", "32", "--encoder-layers", "2", "--decoder-layers", "2"]}
 
 
-@pytest.mark.parametrize("arch", ["pointer_lstm", "pointer_transformer"])
-def test_incremental_decoding_equals_full_forward_and_ignores_padding(arch):
+@pytest.mark.parametrize("arch,extra", [("pointer_lstm", []), ("pointer_transformer", []),
+                                        ("pointer_transformer", ["--pointer-index-range", "64"])])
+def test_incremental_decoding_equals_full_forward_and_ignores_padding(arch, extra):
     torch.manual_seed(0)
-    _, model = build(arch, SMALL[arch])
+    _, model = build(arch, SMALL[arch] + extra)
     model.eval()
     lengths = torch.tensor([6, 4, 5])
     coords = torch.rand(3, 6, 2)
@@ -311,6 +312,38 @@ def test_transformer_encoder_sees_point_indices_only_with_the_index_embedding():
         same = torch.allclose(mem_perm[:, 1:], mem[:, 1:][:, perm], atol=1e-5)
         assert same is equivariant
         assert torch.allclose(mem_perm[:, 0], mem[:, 0], atol=1e-5) is equivariant
+
+
+def test_randomised_index_positions():
+    """--pointer-index-range L: in training every example's n points take a sorted uniform random
+    subset of 1..L (checked against the enumeration of all subsets), at inference the evenly spaced
+    1 + floor(k L / n); padding does not move the real points' positions; n > L is a one-line error."""
+    from fairseq_nat_ext.compat import InputError
+
+    _, model = build("pointer_transformer", SMALL["pointer_transformer"] + ["--pointer-index-range", "5"])
+    assert model.index_range == 5
+    lengths = torch.tensor([2, 5, 1])
+    model.eval()
+    pos = model.index_positions(lengths, 5)
+    assert pos[0, :2].tolist() == [1, 3] and pos[1].tolist() == [1, 2, 3, 4, 5] and pos[2, 0].item() == 1
+    assert torch.equal(model.index_positions(lengths[:1], 2), pos[:1, :2])  # padding width: no effect
+    model.train()
+    torch.manual_seed(0)
+    counts = {s: 0 for s in itertools.combinations(range(1, 6), 2)}  # the reference: all 10 subsets
+    draws = 4000
+    for _ in range(draws // 100):
+        pos = model.index_positions(torch.full((100,), 2), 3)
+        for row in pos[:, :2].tolist():
+            counts[tuple(row)] += 1  # a KeyError would mean an unsorted, repeated or out-of-range pair
+        assert torch.equal(model.index_positions(torch.full((100,), 5), 5)[0], torch.arange(1, 6))
+    expected = draws / len(counts)
+    chi2 = sum((c - expected) ** 2 / expected for c in counts.values())
+    assert chi2 < 27.9, counts  # chi-square, 9 degrees of freedom, p = 0.001
+    with pytest.raises(InputError, match="--pointer-index-range 5"):
+        model.index_positions(torch.tensor([6, 3]), 6)
+    model.eval()
+    with pytest.raises(InputError, match="--pointer-index-range 5"):
+        model.encode(torch.rand(1, 6, 2), torch.tensor([6]))
 
 
 @pytest.mark.parametrize("arch", ["pointer_lstm", "pointer_transformer"])

@@ -104,3 +104,34 @@ def test_generation_refuses_a_model_trained_on_another_problem(tsp_dir, tmp_path
     hull_task, _ = _setup(str(hull_dir), "convex_hull")
     with pytest.raises(InputError, match="trained on tsp, not --problem convex_hull"):
         hull_task.build_model(args)
+
+
+def test_recipe_trains_with_randomised_index_positions(tsp_dir, tmp_path):
+    """examples/train_pointer.sh INDEX_RANGE=L passes --pointer-index-range to pointer_transformer (the
+    checkpoint keeps it, generation decodes valid tours with it) and refuses it for pointer_lstm."""
+    import subprocess
+
+    import torch
+
+    from conftest import cli_env
+
+    recipe = os.path.join(os.path.dirname(PLUGIN_DIR), "examples", "train_pointer.sh")
+    small = ["--encoder-embed-dim", "16", "--encoder-attention-heads", "2", "--encoder-ffn-embed-dim", "32",
+             "--encoder-layers", "1", "--decoder-layers", "1", "--disable-validation"]
+    save = str(tmp_path / "ck")
+    env = dict(cli_env(), PROBLEM="tsp", ARCH="pointer_transformer", INDEX_RANGE="32", MAX_UPDATE="2",
+               BATCH_SIZE="16", THREADS="1")
+    proc = subprocess.run(["bash", recipe, tsp_dir, save] + small, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ckpt = os.path.join(save, "checkpoint_last.pt")
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)  # our own file, written just now
+    assert state["cfg"]["model"].pointer_index_range == 32
+    out = run_cli(["fairseq-generate", tsp_dir, "--user-dir", PLUGIN_DIR, "--task", "pointer_geometry",
+                   "--problem", "tsp", "--path", ckpt, "--beam", "2", "--batch-size", "5", "--gen-subset", "test"])
+    tours = [[int(v) for v in ln.split("\t")[2].split()] for ln in out.stdout.splitlines() if ln.startswith("H-")]
+    assert len(tours) == 12 and all(t[0] == t[-1] == 1 and len(set(t[:-1])) == len(t) - 1 for t in tours)
+    env["ARCH"] = "pointer_lstm"
+    proc = subprocess.run(["bash", recipe, tsp_dir, str(tmp_path / "lstm")], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 1 and "INDEX_RANGE=32 needs ARCH=pointer_transformer" in proc.stderr

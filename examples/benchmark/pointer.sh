@@ -17,7 +17,8 @@
 #   TRAIN_SIZE       training examples per experiment [100000]; VALID_SIZE [1000]; TEST_SIZE per n [1000]
 #   MAX_UPDATE       training budget per model, updates [20000]
 #   STOP_TIME_HOURS  training budget per model, wall hours [1.0]; whichever ends first
-#   BATCH_SIZE [128]  LR [1e-3]  WARMUP [200]  CLIP_NORM [2.0]  AUGMENT [none]  (examples/train_pointer.sh)
+#   BATCH_SIZE [128]  LR [1e-3]  WARMUP [200]  CLIP_NORM [2.0]  AUGMENT [none]
+#                    INDEX_RANGE [0] (examples/train_pointer.sh; pointer_transformer's models only)
 #   BEAMS            beam widths evaluated, 1 = greedy [1,5]
 #   THREADS          torch threads for training and decoding [2]
 #   STAGES           [data,train,eval]
@@ -39,7 +40,7 @@ export EXPERIMENTS="${EXPERIMENTS:-hull50,hull5-50,delaunay5,delaunay10,tsp5-20}
 export ARCHS="${ARCHS:-pointer_lstm,pointer_transformer}"
 export TRAIN_SIZE="${TRAIN_SIZE:-100000}" VALID_SIZE="${VALID_SIZE:-1000}" TEST_SIZE="${TEST_SIZE:-1000}"
 export MAX_UPDATE="${MAX_UPDATE:-20000}" STOP_TIME_HOURS="${STOP_TIME_HOURS:-1.0}"
-export BATCH_SIZE="${BATCH_SIZE:-128}" LR="${LR:-1e-3}" WARMUP="${WARMUP:-200}" CLIP_NORM="${CLIP_NORM:-2.0}" AUGMENT="${AUGMENT:-none}"
+export BATCH_SIZE="${BATCH_SIZE:-128}" LR="${LR:-1e-3}" WARMUP="${WARMUP:-200}" CLIP_NORM="${CLIP_NORM:-2.0}" AUGMENT="${AUGMENT:-none}" INDEX_RANGE="${INDEX_RANGE:-0}"
 export BEAMS="${BEAMS:-1,5}" THREADS="${THREADS:-2}" STAGES="${STAGES:-data,train,eval}"
 BENCHMARK_NAME="${BENCHMARK_NAME:-pointer}"
 OUT="${OUT:-benchmarks/results/$BENCHMARK_NAME.json}"
@@ -48,6 +49,7 @@ CUDA_FLAG=(); [[ "${CUDA:-0}" == 1 ]] && CUDA_FLAG=(--cuda)
 export OMP_NUM_THREADS="$THREADS"
 COMMAND="training: examples/train_pointer.sh per experiment and arch, MAX_UPDATE=$MAX_UPDATE STOP_TIME_HOURS=$STOP_TIME_HOURS (whichever first) BATCH_SIZE=$BATCH_SIZE LR=$LR WARMUP=$WARMUP CLIP_NORM=$CLIP_NORM AUGMENT=$AUGMENT THREADS=$THREADS, TRAIN_SIZE=$TRAIN_SIZE; benchmark: EXPERIMENTS=$EXPERIMENTS ARCHS=$ARCHS TEST_SIZE=$TEST_SIZE BEAMS=$BEAMS"
 [[ "$BENCHMARK_NAME" != pointer ]] && COMMAND+=" BENCHMARK_NAME=$BENCHMARK_NAME"
+[[ "$INDEX_RANGE" != 0 ]] && COMMAND="${COMMAND/AUGMENT=$AUGMENT /AUGMENT=$AUGMENT INDEX_RANGE=$INDEX_RANGE }"
 COMMAND+=" bash examples/benchmark/pointer.sh"
 "$PYTHON" -m fairseq_nat_ext.benchmark.pointer --work-dir "$WORK" --out "$OUT" --stages "$STAGES" \
   --experiments "$EXPERIMENTS" --archs "$ARCHS" --train-size "$TRAIN_SIZE" --valid-size "$VALID_SIZE" \

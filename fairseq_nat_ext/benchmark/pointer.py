@@ -111,6 +111,8 @@ def stage_train(args, exps, archs):
                 print(f"[pointer] {exp} {arch}: training finished earlier ({save}), kept", flush=True)
                 continue
             env = dict(os.environ, PROBLEM=problem, ARCH=arch)
+            if arch != "pointer_transformer":
+                env["INDEX_RANGE"] = "0"  # randomised index positions are pointer_transformer's option
             print(f"[pointer] training {exp} {arch} -> {save}", flush=True)
             subprocess.run(["bash", os.path.join(REPO, "examples", "train_pointer.sh"),
                             train_dir(args.work_dir, problem, n_train), save], env=env, check=True)
@@ -209,6 +211,7 @@ def stage_eval(args, exps, archs):
                     metrics = score(problem, data, preds)
                     row = pr.make_row(problem, arch, n_train, n, f"beam={beam}", train_updates=updates,
                                       train_wall_s=wall, **metrics)
+                    row["command"] = results["command"]
                     pr.upsert_row(results, row)
                     pr.save_results(args.out, results)
                     print(f"[pointer] {exp} {arch} n={n} beam={beam}: "

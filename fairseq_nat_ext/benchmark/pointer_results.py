@@ -11,6 +11,8 @@ Schema (exactly these keys)::
            "tour_length": float | null, "reference_tour_length": float | null,
            "reference": "exact" | "lkh" | null, "train_updates": int, "train_wall_s": float}
 
+A row may also carry ``"command"`` (str): the evaluation command that produced it, when the rows of
+one file come from several runs (``stage_eval`` writes it; the table then lists every command).
 ``accuracy``, ``area_coverage`` and ``triangle_coverage`` are fractions in [0, 1].  A metric that
 does not apply is null: ``area_coverage`` is set for convex_hull only, ``triangle_coverage`` for
 delaunay only, ``tour_length`` / ``reference_tour_length`` / ``reference`` for tsp only (mean
@@ -36,6 +38,7 @@ ROW_FIELDS = ("problem", "system", "n_train", "n_test", "decoding", "accuracy", 
               "train_wall_s")
 ONLY_FOR = {"area_coverage": "convex_hull", "triangle_coverage": "delaunay", "tour_length": "tsp",
             "reference_tour_length": "tsp", "reference": "tsp"}
+ROW_OPTIONAL = ("command",)
 FRACTIONS = ("accuracy", "area_coverage", "triangle_coverage")
 
 
@@ -56,7 +59,9 @@ def validate_row(row, where="row"):
     if not isinstance(row, dict):
         return [f"{where}: expected an object"]
     errors = [f"{where}: missing key {k!r}" for k in ROW_FIELDS if k not in row]
-    errors += [f"{where}: unexpected key {k!r}" for k in row if k not in ROW_FIELDS]
+    errors += [f"{where}: unexpected key {k!r}" for k in row if k not in ROW_FIELDS + ROW_OPTIONAL]
+    if "command" in row and (not isinstance(row["command"], str) or not row["command"].strip()):
+        errors.append(f"{where}.command: expected a non-empty string")
     if errors:
         return errors
     problem = row["problem"]
@@ -197,12 +202,20 @@ def _pct(v):
     return DASH if v is None else f"{100 * v:.1f}"
 
 
+def _command_lines(results):
+    commands = list(dict.fromkeys(r.get("command", results["command"]) for r in results["rows"]))
+    if len(commands) <= 1:
+        return [f"- command: `{(commands or [results['command']])[0]}`"]
+    return (["- commands (the rows come from several evaluation runs; each row names its own in the JSON):"]
+            + [f"  - `{c}`" for c in commands])
+
+
 def markdown_table(results):
     lines = [
         f"### {results['benchmark']}",
         "",
         f"- hardware: {results['hardware']}, {results['threads']} torch threads",
-        f"- command: `{results['command']}`",
+        *_command_lines(results),
         "",
         "| " + " | ".join(COLUMNS) + " |",
         "| " + " | ".join(["---", "---", "---:", "---:", "---"] + ["---:"] * 6 + ["---", "---:", "---:"]) + " |",

@@ -8,6 +8,14 @@ a tour's direction is fixed by comparing indices.  Without the index embedding
 permutation-equivariant, so the model cannot tell which hull vertex to start from or which way round
 a tour goes: those steps become coin flips.
 
+Length generalisation (``--pointer-index-range L``, 0 = off): absolute indices 1..n are
+out of distribution for a model tested on more points than it was trained on (the indices above the
+training n were never seen).  With L > 0 the index embedding uses randomised positions (Ruoss et al.
+2023, "Randomized Positional Encodings Boost Length Generalization of Transformers"): in training, the
+n points of an example take a sorted uniform random subset of 1..L (only their order carries
+information, which is all the canonical outputs need); at inference they take the evenly spaced
+positions 1 + floor(k L / n), k = 0..n-1, so decoding stays deterministic.  n > L is an error.
+
 Decoder: at step t its input is the encoder output of the slot pointed at in step t - 1 (a learned
 start vector at t = 0) plus a sinusoidal step embedding; pre-norm layers of causal self-attention,
 cross-attention to the encoder and a feed-forward block; the additive pointer over the n + 1 encoder
@@ -75,6 +83,7 @@ class PointerTransformerModel(PointerModel):
         self.dropout = nn.Dropout(args.dropout)
         self.pointer = AdditivePointer(D, D, D, clip=args.pointer_logit_clip)
         self.index_embed = bool(args.pointer_index_embed)
+        self.index_range = int(getattr(args, "pointer_index_range", 0) or 0)
 
     @staticmethod
     def add_args(parser):
@@ -89,6 +98,10 @@ class PointerTransformerModel(PointerModel):
         parser.add_argument("--no-pointer-index-embed", dest="pointer_index_embed", action="store_false",
                             default=None, help="no sinusoidal embedding of the points' input indices (the "
                                                "encoder then cannot see the order the canonical outputs use)")
+        parser.add_argument("--pointer-index-range", type=int, metavar="L",
+                            help="L > 0: randomised index positions for length generalisation (training: "
+                                 "a sorted random subset of 1..L per example; inference: evenly spaced over "
+                                 "1..L); 0 = the indices 1..n themselves")
 
     @classmethod
     def build_model(cls, args, task):
@@ -96,6 +109,8 @@ class PointerTransformerModel(PointerModel):
         if args.encoder_embed_dim % args.encoder_attention_heads:
             raise InputError(f"pointer_transformer: --encoder-embed-dim {args.encoder_embed_dim} is not a "
                              f"multiple of --encoder-attention-heads {args.encoder_attention_heads}")
+        if args.pointer_index_range < 0:
+            raise InputError(f"pointer_transformer: --pointer-index-range must be >= 0, got {args.pointer_index_range}")
         if args.encoder_layers < 1 or args.decoder_layers < 1:
             raise InputError("pointer_transformer: --encoder-layers and --decoder-layers must be >= 1")
         return cls(args)
@@ -104,13 +119,32 @@ class PointerTransformerModel(PointerModel):
         B, N, _ = src_coords.shape
         points = self.point_embed(src_coords)
         if self.index_embed:
-            index = torch.arange(1, N + 1, device=src_coords.device)
+            index = self.index_positions(src_lengths.to(src_coords.device), N)
             points = points + sinusoid(index, points.size(-1)).to(points.dtype)
         x = torch.cat([self.end_embed.expand(B, 1, -1), points], 1)  # (B, S, D)
         slot_mask = self.slot_mask(src_lengths, N + 1)
         memory = self.encoder(self.dropout(x), src_key_padding_mask=~slot_mask)
         memory = memory.masked_fill(~slot_mask.unsqueeze(-1), 0.0)
         return {"memory": memory, "keys": self.pointer.keys(memory), "slot_mask": slot_mask}
+
+    def index_positions(self, lengths, N):
+        """(B,) point counts -> (B, N) long positions of the index embedding (padding columns: any
+        value, their slots are masked).  See the module docstring for ``--pointer-index-range``."""
+        B, dev = lengths.size(0), lengths.device
+        k = torch.arange(N, device=dev).unsqueeze(0).expand(B, N)
+        L = self.index_range
+        if L <= 0:
+            return k + 1
+        if N > L and int(lengths.max()) > L:
+            raise InputError(f"pointer_transformer: an input of {int(lengths.max())} points exceeds "
+                             f"--pointer-index-range {L}")
+        if not self.training:
+            return 1 + (k * L).div(lengths.clamp_min(1).unsqueeze(1), rounding_mode="floor").clamp_max(L - 1)
+        # the first n entries of a random permutation of 0..L-1, sorted: a uniform ordered subset
+        draw = torch.rand(B, L, device=dev).argsort(1)[:, :min(N, L)]
+        draw = F.pad(draw, (0, N - draw.size(1)), value=L)  # only when the padded width exceeds L
+        draw = draw.masked_fill(k >= lengths.unsqueeze(1), L)  # padding sorts last
+        return 1 + draw.sort(1).values.clamp_max(L - 1)
 
     def _decoder_inputs(self, enc, prev_slots, steps):
         """prev_slots (B, T), steps (B, T) -> (B, T, D)."""
@@ -149,6 +183,7 @@ class PointerTransformerModel(PointerModel):
 def pointer_transformer_base(args):
     for name, value in (("encoder_embed_dim", 128), ("encoder_layers", 3), ("decoder_layers", 2),
                         ("encoder_attention_heads", 8), ("encoder_ffn_embed_dim", 512), ("dropout", 0.0),
-                        ("pointer_logit_clip", 10.0), ("pointer_index_embed", True)):
+                        ("pointer_logit_clip", 10.0), ("pointer_index_embed", True),
+                        ("pointer_index_range", 0)):
         if getattr(args, name, None) is None:
             setattr(args, name, value)
