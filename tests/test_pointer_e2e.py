@@ -111,7 +111,7 @@ def test_recipe_trains_with_randomised_index_positions(tsp_dir, tmp_path):
     checkpoint keeps it, generation decodes valid tours with it) and refuses it for pointer_lstm."""
     import subprocess
 
-    import torch
+    from fairseq import checkpoint_utils
 
     from conftest import cli_env
 
@@ -125,7 +125,7 @@ def test_recipe_trains_with_randomised_index_positions(tsp_dir, tmp_path):
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ckpt = os.path.join(save, "checkpoint_last.pt")
-    state = torch.load(ckpt, map_location="cpu", weights_only=False)  # our own file, written just now
+    state = checkpoint_utils.load_checkpoint_to_cpu(ckpt)  # torch's safe loader + the plugin's allow-list
     assert state["cfg"]["model"].pointer_index_range == 32
     out = run_cli(["fairseq-generate", tsp_dir, "--user-dir", PLUGIN_DIR, "--task", "pointer_geometry",
                    "--problem", "tsp", "--path", ckpt, "--beam", "2", "--batch-size", "5", "--gen-subset", "test"])

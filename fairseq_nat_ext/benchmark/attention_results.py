@@ -4,7 +4,7 @@ issue's bars: speed-up over ``full``, memory against ``full_explicit`` and ``ful
 8192 to 16384, and speed against the peer package at 4096)."""
 
 from .attention_peers import PEERS
-from .results import check_timing_results
+from .results import check_timing_results, command_lines
 
 SPEED_KEYS = ("variant", "impl", "n", "device", "fwd_bwd_ms", "peak_mem_mb", "oom")
 PEER_OF = {variant: name for name, (_, variant) in PEERS.items()}  # our variant -> its peer package
@@ -129,10 +129,7 @@ def listops_table(results):
         lines += [f"- machine {chr(65 + i)}: {m}, {results['threads']} torch thread(s)" for i, m in enumerate(machines)]
     else:
         lines.append(f"- hardware: {machines[0] if machines else results['hardware']}, {results['threads']} torch thread(s)")
-    commands = list(dict.fromkeys(r.get("command", results["command"]) for r in rows)) or [results["command"]]
-    lines += ([f"- command: `{commands[0]}`"] if len(commands) == 1 else
-              ["- commands (the rows come from several runs of one budget; each row names its own in the JSON):"]
-              + [f"  - `{c}`" for c in commands])
+    lines += command_lines(results, rows, "the rows come from several runs of one budget")
     lines += [
               "- test accuracy of the last checkpoint; every row has the same number of updates", ""]
     head = ["variant", "options", "max length", "accuracy (%)", "majority class (%)", "margin (points)",

@@ -28,6 +28,7 @@ import re
 import tempfile
 
 from .decoding import is_canonical_decoding
+from .results import command_lines
 
 BENCHMARK = "pointer"
 NAME_PATTERN = re.compile(r"^pointer(_[a-z0-9_]+)?$")
@@ -202,20 +203,12 @@ def _pct(v):
     return DASH if v is None else f"{100 * v:.1f}"
 
 
-def _command_lines(results):
-    commands = list(dict.fromkeys(r.get("command", results["command"]) for r in results["rows"]))
-    if len(commands) <= 1:
-        return [f"- command: `{(commands or [results['command']])[0]}`"]
-    return (["- commands (the rows come from several evaluation runs; each row names its own in the JSON):"]
-            + [f"  - `{c}`" for c in commands])
-
-
 def markdown_table(results):
     lines = [
         f"### {results['benchmark']}",
         "",
         f"- hardware: {results['hardware']}, {results['threads']} torch threads",
-        *_command_lines(results),
+        *command_lines(results, results["rows"], "the rows come from several evaluation runs"),
         "",
         "| " + " | ".join(COLUMNS) + " |",
         "| " + " | ".join(["---", "---", "---:", "---:", "---"] + ["---:"] * 6 + ["---", "---:", "---:"]) + " |",

@@ -72,6 +72,16 @@ _RANGES = {
 }
 
 
+def command_lines(results, rows, several):
+    """README lines naming the command(s) behind ``rows``: one ``- command:`` line, or, when rows carry
+    different ``"command"`` values (rows without one fall back to the file's), a list introduced by
+    ``- commands (<several>; each row names its own in the JSON):``."""
+    commands = list(dict.fromkeys(r.get("command", results["command"]) for r in rows)) or [results["command"]]
+    if len(commands) == 1:
+        return [f"- command: `{commands[0]}`"]
+    return [f"- commands ({several}; each row names its own in the JSON):"] + [f"  - `{c}`" for c in commands]
+
+
 def _type_ok(value, typ):
     if typ is float:  # a JSON number; bool is not a number here
         return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -83,7 +83,7 @@ class PointerTransformerModel(PointerModel):
         self.dropout = nn.Dropout(args.dropout)
         self.pointer = AdditivePointer(D, D, D, clip=args.pointer_logit_clip)
         self.index_embed = bool(args.pointer_index_embed)
-        self.index_range = int(getattr(args, "pointer_index_range", 0) or 0)
+        self.index_range = int(args.pointer_index_range)
 
     @staticmethod
     def add_args(parser):
