@@ -160,6 +160,11 @@ class KermitModel(BaseFairseqModel):
 
     def forward_slots(self, tokens, seg=None, normalize=False):
         """tokens (B, T) canvases -> (B, T-1, V) slot logits (``</s>`` = end of slot)."""
+        logits = self.output_layer(self.slot_states(tokens, seg))
+        return F.log_softmax(logits.float(), -1) if normalize else logits
+
+    def slot_states(self, tokens, seg=None):
+        """tokens (B, T) canvases -> (B, T-1, D) slot representations (before the output layer)."""
         if seg is None:
             seg = segments_of(tokens, self.eos, self.pad)
         if tokens.size(1) > self.max_canvas():
@@ -168,8 +173,7 @@ class KermitModel(BaseFairseqModel):
         emb = self.stack.embed_tokens(tokens) + self.segment_embed(seg)
         out = self.stack(tokens, src_lengths=tokens.ne(self.pad).sum(1), token_embeddings=emb)
         h = out["encoder_out"][0].transpose(0, 1)  # (B, T, D)
-        logits = self.output_layer(self.slot_proj(torch.cat([h[:, :-1], h[:, 1:]], -1)))
-        return F.log_softmax(logits.float(), -1) if normalize else logits
+        return self.slot_proj(torch.cat([h[:, :-1], h[:, 1:]], -1))
 
     # ----- training --------------------------------------------------------------------------
     def sample_modes(self, n, device):
@@ -209,23 +213,29 @@ class KermitModel(BaseFairseqModel):
 
     def insertion_loss(self, full, keep, x_gen, y_gen):
         """Mean over the trained slots (slots of generated sides) of the insertion loss of the canvas
-        ``full[keep]``: oracle-weighted span cross-entropy, or -log p(end of slot) for a complete slot."""
+        ``full[keep]``: oracle-weighted span cross-entropy, or -log p(end of slot) for a complete slot.
+        The vocabulary distribution is computed for the trained slots only (a given or absent side's
+        slots have no loss: about half the slots of a translation mode)."""
         canvas = delete_tokens(full, ~keep, self.pad, self.bos, self.eos)
         o = insertion_oracle(full, keep, self.pad, tau=span_tau(self.args))
-        lp = self.forward_slots(canvas, normalize=True)  # (B, S, V)
-        B, S = lp.shape[:2]
-        slot = (o.slot - 1).clamp(0, S - 1)  # oracle slot s = canvas slot s-1 (after canvas token s-1)
-        per_pos = lp[torch.arange(B, device=lp.device).unsqueeze(1), slot, full]
-        span_loss = -(o.weight * per_pos).masked_fill(~o.missing, 0.0)
-        slot_loss = torch.zeros(B, S, device=lp.device).scatter_add(1, slot, span_loss)
-        valid = torch.arange(S, device=lp.device).unsqueeze(0) < (canvas.ne(self.pad).sum(1) - 1).unsqueeze(1)
-        done = o.slot_done[:, 1:S + 1] & valid
-        slot_loss = slot_loss + torch.where(done, -lp[..., self.eos], torch.zeros_like(slot_loss))
+        states = self.slot_states(canvas)  # (B, S, D)
+        B, S = states.shape[:2]
+        dev = states.device
+        valid = torch.arange(S, device=dev).unsqueeze(0) < (canvas.ne(self.pad).sum(1) - 1).unsqueeze(1)
         # slot k (after canvas token k) inserts into x when it lies before the separator, else into y
-        slot_y = torch.arange(S, device=lp.device).unsqueeze(0) >= first_eos(canvas, self.eos).unsqueeze(1)
+        slot_y = torch.arange(S, device=dev).unsqueeze(0) >= first_eos(canvas, self.eos).unsqueeze(1)
         trained = valid & torch.where(slot_y, y_gen.unsqueeze(1), x_gen.unsqueeze(1))
+        lp = F.log_softmax(self.output_layer(states[trained]).float(), -1)  # (M, V), M trained slots
+        row = trained.flatten().long().cumsum(0).view(B, S) - 1  # row of lp of every trained slot
+        slot = (o.slot - 1).clamp(0, S - 1)  # oracle slot s = canvas slot s-1 (after canvas token s-1)
+        use = o.missing & trained.gather(1, slot)
+        per_pos = lp[row.gather(1, slot).clamp_min(0), full] if lp.size(0) else torch.zeros_like(o.weight)
+        span_loss = -(o.weight * per_pos).masked_fill(~use, 0.0)
+        slot_loss = torch.zeros(B, S, device=dev).scatter_add(1, slot, span_loss)
+        end = torch.zeros(B, S, device=dev).masked_scatter(trained, -lp[:, self.eos])
+        slot_loss = slot_loss + torch.where(o.slot_done[:, 1:S + 1] & trained, end, torch.zeros_like(end))
         n = trained.sum().clamp_min(1)
-        return slot_loss.masked_fill(~trained, 0.0).sum() / n
+        return (slot_loss.masked_fill(~trained, 0.0).sum() + 0.0 * states.sum()) / n
 
 
 @register_model_architecture("kermit", "kermit")
