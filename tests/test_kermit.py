@@ -194,6 +194,32 @@ def test_cli_train_then_generate_both_directions(toy_databin, tmp_path):
                  "-t", "tgt", "--path", ckpt, "--max-tokens", "800", "--kermit-generate", "marginal",
                  "--iter-decode-max-iter", "3"])
     assert sum(1 for line in p.stdout.splitlines() if line.startswith("H-")) == n_test
+    # the end-of-slot penalty chosen on the validation split: a huge penalty never ends a slot early
+    out = tmp_path / "eos.json"
+    run_cli(["python", "-m", "fairseq_nat_ext.benchmark.tune_eos_penalty", data_bin, ckpt, "--src", "src",
+             "--tgt", "tgt", "--penalties", "0,100", "--iter", "4", "--batch-size", "16", "--threads", "1",
+             "--out", str(out)])
+    import json
+
+    rec = json.load(open(out))
+    assert [r["eos_penalty"] for r in rec["rows"]] == [0.0, 100.0] and rec["subset"] == "valid"
+    assert rec["rows"][1]["length_ratio"] > rec["rows"][0]["length_ratio"]
+    assert rec["best"] == max(rec["rows"], key=lambda r: (r["bleu"], -r["eos_penalty"]))["eos_penalty"]
+
+
+def test_tune_eos_penalty_parsing_and_refusals():
+    from fairseq_nat_ext.benchmark import tune_eos_penalty as t
+
+    line = "Generate valid with beam=5: BLEU4 = 4.53, 60.4/18.6/7.0/2.7 (BP=0.375, ratio=0.505, syslen=6111, reflen=12102)"
+    assert t.parse_bleu("noise\n" + line) == (4.53, 0.505)
+    with pytest.raises(InputError, match="no BLEU line"):
+        t.parse_bleu("Traceback: boom")
+    rows = [{"eos_penalty": 0.0, "bleu": 3.0}, {"eos_penalty": 1.0, "bleu": 5.0}, {"eos_penalty": 2.0, "bleu": 5.0}]
+    assert t.best_penalty(rows) == 1.0  # the smallest penalty among the best
+    with pytest.raises(InputError, match="test split"):
+        t.main(["d", "c", "--subset", "test"])
+    with pytest.raises(InputError, match=">= 0"):
+        t.main(["d", "c", "--penalties", "-1"])
 
 
 def test_batch_decoding_when_the_longest_row_finishes_first(kermit, monkeypatch):
@@ -205,14 +231,14 @@ def test_batch_decoding_when_the_longest_row_finishes_first(kermit, monkeypatch)
     d = task.target_dictionary
     pad, word = d.pad(), d.nspecial + 1
 
-    def fake_slots(tokens, seg=None, normalize=False):  # long canvases stop, short ones grow
+    def fake_slots(tokens, which):  # long canvases stop, short ones grow
         lp = torch.full((tokens.size(0), tokens.size(1) - 1, len(d)), -10.0)
         stop = tokens.ne(pad).sum(1) >= 10
         lp[stop, :, d.eos()] = 0.0
         lp[~stop, :, word] = 0.0
-        return lp
+        return lp[which]
 
-    monkeypatch.setattr(model, "forward_slots", fake_slots)
+    monkeypatch.setattr(model, "slot_log_probs", fake_slots)
     w = d.nspecial + 2
     src = torch.tensor([[w] * 12 + [d.eos()], [w, w, d.eos()] + [pad] * 10])
     gen = KermitGenerator([model], d, "src", "tgt", max_iter=6)

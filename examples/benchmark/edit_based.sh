@@ -23,6 +23,8 @@
 #   <SYS>_CKPT, <SYS>_TRAIN_LOG, <SYS>_UPDATES, <SYS>_WALL_S  (default $REPO/runs/<sys>/checkpoint_avg.pt
 #                 and the train.log beside it) for SYS in LEVT FS_LEVT INS_BT INS_UNI FS_INS KERMIT
 #   ITER          --iter-decode-max-iter for every system (default 10)
+#   KERMIT_EOS_PENALTY_EN_DE, KERMIT_EOS_PENALTY_DE_EN  --iter-decode-eos-penalty of KERMIT's rows (default:
+#                 none; choose them on the validation split with fairseq_nat_ext.benchmark.tune_eos_penalty)
 #   SYSTEMS       subset of "levt fs_levt ins_bt ins_uni fs_ins kermit" (default: all)
 set -euo pipefail
 NAME=edit_based
@@ -45,6 +47,9 @@ want kermit && { [[ -f "$REF_EN" ]] || die "REF_EN $REF_EN: no such file"; }
 
 COMMAND="DATA_BIN=$DATA_BIN RAW_DATA_BIN=$RAW_DATA_BIN ITER=$ITER"
 for s in $SYSTEMS; do COMMAND+="$(command_settings "$(echo "$s" | tr '[:lower:]' '[:upper:]')")"; done
+for v in KERMIT_EOS_PENALTY_EN_DE KERMIT_EOS_PENALTY_DE_EN; do
+    if want kermit && [[ -n "${!v:-}" ]]; then COMMAND+=" $v=${!v}"; fi
+done
 COMMAND+=" SYSTEMS='$SYSTEMS'"
 finish_command
 harness_options
@@ -68,7 +73,9 @@ want ins_bt && row ins_bt en de "$RAW_REF" "$DATA_BIN" --distilled "iter=$ITER,l
 want ins_uni && row ins_uni en de "$RAW_REF" "$DATA_BIN" --distilled "iter=$ITER,loss=uniform"
 want fs_ins && row fs_ins en de "$RAW_REF" "$DATA_BIN" --distilled "iter=$ITER"
 if want kermit; then  # one checkpoint, both directions, raw data
-    row kermit en de "$RAW_REF" "$RAW_DATA_BIN" --no-distilled "iter=$ITER,dir=en-de"
-    row kermit de en "$REF_EN" "$RAW_DATA_BIN" --no-distilled "iter=$ITER,dir=de-en"
+    pen_en_de="${KERMIT_EOS_PENALTY_EN_DE:+,eos_penalty=$KERMIT_EOS_PENALTY_EN_DE}"
+    pen_de_en="${KERMIT_EOS_PENALTY_DE_EN:+,eos_penalty=$KERMIT_EOS_PENALTY_DE_EN}"
+    row kermit en de "$RAW_REF" "$RAW_DATA_BIN" --no-distilled "iter=$ITER${pen_en_de},dir=en-de"
+    row kermit de en "$REF_EN" "$RAW_DATA_BIN" --no-distilled "iter=$ITER${pen_de_en},dir=de-en"
 fi
 update_tables

@@ -162,10 +162,13 @@ class KermitGenerator:
         return out
 
     def _round(self, model, tokens, open_, scores):
-        lp = model.forward_slots(tokens, normalize=True)  # (N, T-1, V)
-        lp[..., self.banned] = float("-inf")
-        lp[..., self.eos] -= self.penalty
-        best_lp, best = lp.max(-1)
+        which = open_[:, :-1]  # only open slots can insert: the others skip the vocabulary projection
+        lp = model.slot_log_probs(tokens, which)  # (M, V)
+        lp[:, self.banned] = float("-inf")
+        lp[:, self.eos] -= self.penalty
+        top_lp, top = lp.max(-1)
+        best = torch.full(which.shape, self.eos, dtype=top.dtype, device=top.device).masked_scatter(which, top)
+        best_lp = torch.zeros(which.shape, dtype=top_lp.dtype, device=top.device).masked_scatter(which, top_lp)
         ins = self._within_sides(tokens, (best != self.eos) & open_[:, :-1])
         if not ins.any():
             return tokens, open_, scores

@@ -45,7 +45,7 @@ class KermitTask(NATTranslationTask):
 
     def build_model(self, cfg, from_checkpoint=False):
         model = super().build_model(cfg, from_checkpoint)
-        if not hasattr(model, "forward_slots") or not hasattr(model, "max_canvas"):
+        if not hasattr(model, "slot_log_probs") or not hasattr(model, "max_canvas"):
             raise InputError(f"--task kermit needs --arch kermit*, got {type(model).__name__}")
         return model
 

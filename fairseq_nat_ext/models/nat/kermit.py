@@ -163,6 +163,11 @@ class KermitModel(BaseFairseqModel):
         logits = self.output_layer(self.slot_states(tokens, seg))
         return F.log_softmax(logits.float(), -1) if normalize else logits
 
+    def slot_log_probs(self, tokens, which):
+        """Log-probabilities (M, V) of the slots ``which`` (B, T-1) bool only, in row-major order: the
+        decoder asks for the open slots, the vocabulary projection skips the others."""
+        return F.log_softmax(self.output_layer(self.slot_states(tokens)[which]).float(), -1)
+
     def slot_states(self, tokens, seg=None):
         """tokens (B, T) canvases -> (B, T-1, D) slot representations (before the output layer)."""
         if seg is None:
