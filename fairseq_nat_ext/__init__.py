@@ -9,6 +9,10 @@ import logging
 # fairseq's text_to_speech task logs "Please install tensorboardX" at import time, through a root
 # handler it installs; keep that line out of our command-line tools' output.
 logging.getLogger("fairseq.tasks.text_to_speech").setLevel(logging.WARNING)
+# fairseq.models.wav2vec.wav2vec2_classification calls logging.basicConfig(level=logging.DEBUG) when it is
+# imported, so a program that imports fairseq before configuring logging (our `python -m` tools) would print
+# every library's debug lines (matplotlib's font search, ...). Remember the root level to undo exactly that.
+_ROOT_LEVEL_BEFORE_FAIRSEQ = logging.getLogger().level
 
 from . import compat  # noqa: E402
 
@@ -27,5 +31,7 @@ def _register_once():
 
 
 _register_once()
+if logging.getLogger().level == logging.DEBUG != _ROOT_LEVEL_BEFORE_FAIRSEQ:
+    logging.getLogger().setLevel(_ROOT_LEVEL_BEFORE_FAIRSEQ)
 
 __version__ = "0.1.0"

@@ -105,3 +105,18 @@ def test_user_dir_after_hub_import_in_fresh_process(tmp_path):
                           env=cli_env())
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().endswith("ok")
+
+
+def test_importing_the_plugin_leaves_the_root_logger_quiet():
+    """fairseq's wav2vec2_classification sets the root logger to DEBUG on import; the plugin undoes it, so
+    `python -m fairseq_nat_ext.benchmark.plot` does not print matplotlib's font search."""
+    code = (
+        "import logging, fairseq_nat_ext, matplotlib.pyplot as plt\n"
+        "plt.figure(); plt.title('x'); plt.savefig(__import__('io').BytesIO())\n"
+        "print(logging.getLevelName(logging.getLogger().level))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                          env=cli_env())
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "WARNING"
+    assert "DEBUG:matplotlib" not in proc.stderr

@@ -169,7 +169,7 @@ class KermitGenerator:
         top_lp, top = lp.max(-1)
         best = torch.full(which.shape, self.eos, dtype=top.dtype, device=top.device).masked_scatter(which, top)
         best_lp = torch.zeros(which.shape, dtype=top_lp.dtype, device=top.device).masked_scatter(which, top_lp)
-        ins = self._within_sides(tokens, (best != self.eos) & open_[:, :-1])
+        ins = self._within_sides(tokens, best != self.eos)  # closed slots hold eos already
         if not ins.any():
             return tokens, open_, scores
         grown = insert_placeholders(tokens, ins.long(), self.pad, self.mask, max_len=self.max_len)
