@@ -1,5 +1,6 @@
 """The attention speed/memory harness writes well-formed rows (no timing is asserted here)."""
 import json
+import os
 
 from fairseq_nat_ext.benchmark import attention_speed
 
@@ -115,6 +116,53 @@ def test_listops_table_and_train_seconds(tmp_path):
         assert "rows[0].accuracy" in str(err) and "attention_listops.json" in str(err)
     else:
         raise AssertionError("an accuracy outside [0, 1] must be refused")
+
+
+def test_listops_study_apart_deeper_classifier(tmp_path, monkeypatch):
+    """--encoder-layers reaches fairseq-train and the row's options (the ablation row keeps it beside
+    brackets=False); --benchmark attention_listops_<name> writes a study apart, rendered as its own table."""
+    import subprocess
+
+    from fairseq_nat_ext.benchmark import attention_listops, tables
+
+    for name in ("b", "nb"):
+        d = tmp_path / name
+        d.mkdir()
+        for split in ("train", "valid", "test"):
+            (d / f"{split}.src").write_text("[MAX 1 2 ]\n[MIN 3 4 ]\n")
+            (d / f"{split}.label").write_text("2\n3\n")
+    trains = []
+
+    def fake_run(cmd, **kwargs):
+        if cmd[0] == "fairseq-train":
+            trains.append(cmd)
+            save = cmd[cmd.index("--save-dir") + 1]
+            with open(os.path.join(save, "checkpoint_last.pt"), "wb"):
+                pass
+            with open(os.path.join(save, "train.log"), "a") as f:
+                f.write("2026-12-03 | INFO | train | epoch 001 | loss 2.3 | num_updates 20 | train_wall 4 | wall 5\n")
+        return subprocess.CompletedProcess(cmd, 0, stdout="| test | accuracy 40.0 |", stderr="")
+
+    monkeypatch.setattr(attention_listops.subprocess, "run", fake_run)
+    out = tmp_path / "attention_listops_brackets.json"
+    attention_listops.main(["--data", str(tmp_path / "b"), "--no-brackets-data", str(tmp_path / "nb"), "--out",
+                            str(out), "--work", str(tmp_path / "w"), "--max-update", "20", "--variants", "full",
+                            "--encoder-layers", "4", "--benchmark", "attention_listops_brackets"])
+    assert len(trains) == 2 and all(c[c.index("--encoder-layers") + 1] == "4" for c in trains)
+    res = json.loads(out.read_text())
+    assert res["benchmark"] == "attention_listops_brackets"
+    assert [r["options"] for r in res["rows"]] == [{"encoder_layers": 4}, {"encoder_layers": 4, "brackets": False}]
+    text = tables.markdown_tables([str(out)])
+    assert "### attention_listops_brackets" in text
+    assert "| `full` | encoder_layers=4 | 5 | 40.0 |" in text
+    assert "| `full` | no brackets (ablation), encoder_layers=4 | 5 | 40.0 |" in text
+    try:
+        attention_listops.main(["--data", str(tmp_path / "b"), "--out", str(out), "--work", str(tmp_path / "w"),
+                                "--benchmark", "pointer"])
+    except SystemExit as err:
+        assert err.code == 2
+    else:
+        raise AssertionError("a --benchmark name outside attention_listops* must be refused")
 
 
 def test_listops_table_rows_from_two_machines(tmp_path):

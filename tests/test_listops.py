@@ -127,3 +127,19 @@ def test_train_then_validate_through_the_cli(listops_dir, tmp_path, attention):
     proc = run_cli(["fairseq-validate", listops_dir, "--path", str(save / "checkpoint_last.pt"),
                     "--valid-subset", "test"] + common)
     assert "accuracy" in proc.stdout + proc.stderr
+
+
+def test_generator_module_runs_without_runpy_warning(tmp_path):
+    """`python -m fairseq_nat_ext.data.listops` used to print runpy's RuntimeWarning (the package's listops
+    task imported the module first); a RuntimeWarning is an error here."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT, cli_env
+
+    proc = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-m", "fairseq_nat_ext.data.listops",
+                           "--out", str(tmp_path / "d"), "--train", "3", "--valid", "2", "--test", "2",
+                           "--min-length", "5", "--max-length", "30"],
+                          capture_output=True, text=True, cwd=ROOT, env=cli_env(), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "RuntimeWarning" not in proc.stderr and (tmp_path / "d" / "test.label").exists()

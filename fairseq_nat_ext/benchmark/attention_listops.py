@@ -82,6 +82,8 @@ def _train_seconds(log):
 def run_variant(name, options, data_dir, save_dir, args, max_pos):
     variant = options.get("encoder_attention_type", name)
     opts = {k: v for k, v in options.items() if k != "encoder_attention_type"}
+    if getattr(args, "encoder_layers", None):  # a deeper classifier than the arch's 2 layers (in the row's options)
+        opts["encoder_layers"] = args.encoder_layers
     common = [data_dir, "--user-dir", PLUGIN, "--task", "listops", "--criterion", "classification_cross_entropy",
               "--max-positions", str(max_pos), "--batch-size", str(args.batch_size), "--num-workers", "0"]
     log = os.path.join(save_dir, "train.log")
@@ -122,7 +124,15 @@ def main(argv=None):
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--encoder-layers", type=int,
+                   help="layers of every row's classifier (default: the efficient_classifier arch's 2); "
+                        "recorded in each row's options")
+    p.add_argument("--benchmark", default="attention_listops",
+                   help="the results' benchmark name (a study apart from the main table, e.g. "
+                        "attention_listops_brackets); must start with attention_listops")
     args = p.parse_args(argv)
+    if not args.benchmark.startswith("attention_listops"):
+        p.error(f"--benchmark {args.benchmark}: must start with attention_listops")
     max_pos = max_length(args.data) + 1  # + <s>
     majority = majority_rate(args.data)
     rows = []
@@ -137,7 +147,7 @@ def main(argv=None):
         row["command"] = command
         key = (row["variant"], json.dumps(row["options"], sort_keys=True))
         rows[:] = [r for r in rows if (r["variant"], json.dumps(r["options"], sort_keys=True)) != key] + [row]
-        out = {"benchmark": "attention_listops", "threads": args.threads, "command": command,
+        out = {"benchmark": args.benchmark, "threads": args.threads, "command": command,
                "hardware": "; ".join(dict.fromkeys(r.get("hardware", row["hardware"]) for r in rows)), "rows": rows}
         with open(args.out, "w") as f:
             json.dump(out, f, indent=1)
@@ -150,7 +160,7 @@ def main(argv=None):
               f"{row['sec_per_update']} s/update", file=sys.stderr, flush=True)
     if args.no_brackets_data and "full" in args.variants:  # the ablation belongs to `full`
         row = run_variant("full", {}, args.no_brackets_data, os.path.join(args.work, "full_no_brackets"), args, max_pos)
-        row["options"] = {"brackets": False}
+        row["options"]["brackets"] = False
         row["majority_rate"] = majority_rate(args.no_brackets_data)
         upsert(row)
     return 0

@@ -98,7 +98,7 @@ LISTOPS_KEYS = ("variant", "options", "max_length", "accuracy", "majority_rate",
 
 
 def is_attention_listops(obj):
-    return obj.get("benchmark") == "attention_listops"
+    return str(obj.get("benchmark", "")).startswith("attention_listops")
 
 
 def check_listops_results(obj, path):
@@ -111,10 +111,12 @@ def check_listops_results(obj, path):
 
 
 def _options(row):
-    opts = row["options"]
-    if opts.get("brackets") is False:
-        return "no brackets (ablation)"
-    return ", ".join(f"{k}={v}" for k, v in opts.items()) or DASH
+    opts = dict(row["options"])
+    ablation = opts.pop("brackets", None) is False
+    text = ", ".join(f"{k}={v}" for k, v in opts.items())
+    if ablation:
+        return "no brackets (ablation)" + (f", {text}" if text else "")
+    return text or DASH
 
 
 def listops_table(results):

@@ -18,7 +18,6 @@ from fairseq.dataclass import FairseqDataclass
 from fairseq.tasks import FairseqTask, register_task
 
 from ..compat import InputError
-from ..data.listops import OPERATORS
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +39,10 @@ def _read_lines(path):
 
 
 def listops_dictionary() -> Dictionary:
+    # imported here, not at the top: the package imports this task, and a module imported before
+    # `python -m fairseq_nat_ext.data.listops` runs it makes runpy warn (RuntimeWarning ... in sys.modules)
+    from ..data.listops import OPERATORS
+
     d = Dictionary()
     for tok in [str(i) for i in range(10)] + ["[" + op for op in OPERATORS] + list(OPERATORS) + ["]"]:
         d.add_symbol(tok)
