@@ -39,6 +39,39 @@ def _speed_row(variant, n, ms, mb, impl="ours", oom=False):
             "fwd_bwd_ms": None if oom else ms, "peak_mem_mb": None if oom else mb, "oom": oom}
 
 
+def test_speed_rounds_report_the_median_pass(tmp_path, monkeypatch):
+    """--rounds R measures every (variant, N) in R whole passes, one after the other (not R times in a row),
+    and writes one row each: the median time and memory of the passes, their times in round_ms; a pass out
+    of memory makes the row OOM; a row whose passes all ran past the timeout stays a timeout."""
+    from fairseq_nat_ext.benchmark import attention_speed, tables
+
+    order, times = [], {("full", 512): [30.0, 10.0, 20.0], ("local", 512): [5.0, 7.0, 6.0],
+                        ("lsh", 512): [4.0, None, 4.0]}
+
+    def fake_run_one(variant, n, args):
+        order.append(variant)
+        ms = times[(variant, n)][sum(v == variant for v in order) - 1]
+        if variant == "lsh" and ms is None:
+            return _speed_row(variant, n, 0, 0, oom=True)
+        return _speed_row(variant, n, ms, ms * 2)
+
+    monkeypatch.setattr(attention_speed, "run_one", fake_run_one)
+    out = tmp_path / "speed.json"
+    attention_speed.main(["--out", str(out), "--n", "512", "--variants", "full", "local", "lsh", "--rounds", "3"])
+    assert order == ["full", "local", "lsh"] * 3
+    rows = {r["variant"]: r for r in json.loads(out.read_text())["rows"]}
+    assert rows["full"]["fwd_bwd_ms"] == 20.0 and rows["full"]["round_ms"] == [30.0, 10.0, 20.0]
+    assert rows["full"]["peak_mem_mb"] == 40.0 and rows["local"]["fwd_bwd_ms"] == 6.0
+    assert rows["lsh"]["oom"] is True and rows["lsh"]["fwd_bwd_ms"] is None
+    assert "--rounds 3" in json.loads(out.read_text())["command"]
+    tables.markdown_tables([str(out)])  # the extra key passes the results check
+    timeout = {"variant": "x", "impl": "ours", "options": {}, "n": 8, "device": "cpu", "fwd_bwd_ms": None,
+               "peak_mem_mb": None, "oom": False, "timeout_s": 900}
+    assert attention_speed.combine_rounds([timeout, dict(timeout)])["timeout_s"] == 900
+    mixed = attention_speed.combine_rounds([timeout, _speed_row("x", 8, 3.0, 1.0)])
+    assert mixed["fwd_bwd_ms"] == 3.0 and "timeout_s" not in mixed
+
+
 def test_speed_table_and_bar_ratios(tmp_path):
     """The README table of the speed study: one line per (impl, variant), OOM cells, and the bar
     ratios computed from the rows (speed-up, memory ratios, growth, peer / ours)."""

@@ -7,6 +7,7 @@
 # Settings (environment): DEVICE=cpu THREADS=2 NS="512 1024 2048 4096 8192 16384"
 #   PEERS_DIR=runs/attention_peers (peer packages are pip-installed there, never into .venv)
 #   OUT=benchmarks/results/attention_speed.json  TIMEOUT=900 (s per run)  MEM_LIMIT_GB=20
+#   ROUNDS=1 (whole passes over every row, one after the other; each row is the median pass)
 # Then draws ${OUT%.json}.png (time and memory against N) and regenerates the README's results tables.
 # Run it on an otherwise idle machine: the rows are timings.
 set -euo pipefail
@@ -15,7 +16,7 @@ cd "$REPO"
 PYTHON="${PYTHON:-$( [[ -x .venv/bin/python ]] && echo .venv/bin/python || echo python )}"
 DEVICE="${DEVICE:-cpu}"; THREADS="${THREADS:-2}"; NS="${NS:-512 1024 2048 4096 8192 16384}"
 PEERS_DIR="${PEERS_DIR:-$REPO/runs/attention_peers}"; OUT="${OUT:-benchmarks/results/attention_speed.json}"
-TIMEOUT="${TIMEOUT:-900}"; MEM_LIMIT_GB="${MEM_LIMIT_GB:-20}"
+TIMEOUT="${TIMEOUT:-900}"; MEM_LIMIT_GB="${MEM_LIMIT_GB:-20}"; ROUNDS="${ROUNDS:-1}"
 if [[ ! -d "$PEERS_DIR/performer_pytorch" ]]; then
   "$PYTHON" -m pip install -q --target "$PEERS_DIR" --no-deps local-attention linformer performer-pytorch \
     reformer-pytorch sinkhorn-transformer routing-transformer einops axial-positional-embedding \
@@ -24,7 +25,7 @@ fi
 # shellcheck disable=SC2086  # NS is a list
 ATTENTION_PEERS_PATH="$PEERS_DIR" OMP_NUM_THREADS="$THREADS" "$PYTHON" -m fairseq_nat_ext.benchmark.attention_speed \
   --out "$OUT" --n $NS --device "$DEVICE" --threads "$THREADS" --timeout "$TIMEOUT" \
-  --mem-limit-gb "$MEM_LIMIT_GB" --peers
+  --mem-limit-gb "$MEM_LIMIT_GB" --rounds "$ROUNDS" --peers
 "$PYTHON" -m fairseq_nat_ext.benchmark.attention_plots curves "$OUT" "${OUT%.json}.png"
 "$PYTHON" -m fairseq_nat_ext.benchmark.tables "$(dirname "$OUT")"/*.json --update-readme README.md \
   || echo "[attention_speed.sh] README not updated (see the error above)" >&2

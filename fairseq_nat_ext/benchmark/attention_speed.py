@@ -2,7 +2,7 @@
 
     python -m fairseq_nat_ext.benchmark.attention_speed --out benchmarks/results/attention_speed.json \\
         [--n 512 1024 2048 4096 8192 16384] [--variants full full_explicit local ...] [--peers] \\
-        [--threads 2] [--device cpu|cuda] [--timeout 900] [--mem-limit-gb 20] [--update]
+        [--threads 2] [--device cpu|cuda] [--timeout 900] [--mem-limit-gb 20] [--update] [--rounds 2]
 
 Shapes (issue defaults): batch 1, 8 heads of dimension 64 (model dim 512), fp32.  Each (variant, N)
 runs in a FRESH subprocess: it warms up at N=256, records its RSS, runs one timed forward+backward at
@@ -153,6 +153,27 @@ def run_one(variant, n, args):
     raise RuntimeError(f"attention_speed child {variant} N={n} failed:\n{proc.stderr[-3000:]}")
 
 
+def combine_rounds(runs):
+    """One row from the rows of several passes over the same (variant, N): the median time and peak memory
+    of the passes that ran, ``round_ms`` the passes' own times; out of memory if any pass ran out (a row
+    that runs out of memory now and then is not one to rely on); one pass: its row unchanged."""
+    if len(runs) == 1:
+        return runs[0]
+    ok = [r for r in runs if r["fwd_bwd_ms"] is not None]
+    row = dict(ok[0] if ok else runs[0])  # a timed-out pass's row lacks the options
+    row["round_ms"] = [r["fwd_bwd_ms"] for r in runs]
+    row["oom"] = any(r["oom"] for r in runs)
+    if row["oom"] or not ok:
+        row["fwd_bwd_ms"] = row["peak_mem_mb"] = None
+    else:
+        row["fwd_bwd_ms"] = round(statistics.median(r["fwd_bwd_ms"] for r in ok), 2)
+        row["peak_mem_mb"] = round(statistics.median(r["peak_mem_mb"] for r in ok), 1)
+    row.pop("timeout_s", None)
+    if not ok and not row["oom"]:  # every pass ran past --timeout
+        row["timeout_s"] = runs[0].get("timeout_s")
+    return row
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out")
@@ -166,6 +187,11 @@ def main(argv=None):
     p.add_argument("--update", action="store_true",
                    help="keep the other rows of --out and replace only the (impl, variant, n) measured now; "
                         "the file's command then lists every run")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="measure every (variant, N) this many times, in whole passes one after the other, and "
+                        "report the median of the passes (each row keeps the passes' times in round_ms): this "
+                        "machine's speed drifts by 10-30%% within minutes, and a ratio of two rows measured "
+                        "minutes apart drifts with it")
     p.add_argument("--child", nargs=2, metavar=("VARIANT", "N"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
@@ -183,13 +209,16 @@ def main(argv=None):
         jobs += [f"peer:{name}" for name in available_peers()]
     from fairseq_nat_ext.benchmark.provenance import hardware_description
 
-    rows = []
-    for variant in jobs:
-        for n in args.n:
-            row = run_one(variant, n, args)
-            rows.append(row)
-            print(f"[attention_speed] {row['impl']:>24} {row['variant']:>18} N={n:>6} "
-                  f"{row['fwd_bwd_ms']} ms  {row['peak_mem_mb']} MB  oom={row['oom']}", file=sys.stderr, flush=True)
+    by_job = {}
+    for r in range(args.rounds):  # whole passes one after the other: a slow spell of the machine hits every row
+        for variant in jobs:
+            for n in args.n:
+                row = run_one(variant, n, args)
+                by_job.setdefault((variant, n), []).append(row)
+                print(f"[attention_speed] round {r + 1}/{args.rounds} {row['impl']:>24} {row['variant']:>18} "
+                      f"N={n:>6} {row['fwd_bwd_ms']} ms  {row['peak_mem_mb']} MB  oom={row['oom']}",
+                      file=sys.stderr, flush=True)
+    rows = [combine_rounds(runs) for runs in by_job.values()]
     command = "python -m fairseq_nat_ext.benchmark.attention_speed " + " ".join(
         a for a in (argv if argv is not None else sys.argv[1:]))
     if args.update and os.path.exists(args.out):
