@@ -101,10 +101,15 @@ def test_user_dir_after_hub_import_in_fresh_process(tmp_path):
         "assert 'mask_predict_small' in ARCH_MODEL_REGISTRY\n"
         "print('ok')\n"
     )
+    assert _python(code).stdout.strip().endswith("ok")
+
+
+def _python(code):
+    """Run ``code`` in a fresh interpreter of the venv (from the repo root); it must exit 0."""
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                           env=cli_env())
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip().endswith("ok")
+    return proc
 
 
 def test_importing_the_plugin_leaves_the_root_logger_quiet():
@@ -115,8 +120,6 @@ def test_importing_the_plugin_leaves_the_root_logger_quiet():
         "plt.figure(); plt.title('x'); plt.savefig(__import__('io').BytesIO())\n"
         "print(logging.getLevelName(logging.getLogger().level))\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
-                          env=cli_env())
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = _python(code)
     assert proc.stdout.strip() == "WARNING"
     assert "DEBUG:matplotlib" not in proc.stderr
