@@ -40,15 +40,20 @@ class RoutingAttention(AttentionVariant):
 
     @torch.no_grad()
     def update_centroids(self, xs, clusters, lengths):
-        """EMA of the mean unit vector assigned to each centroid, over real tokens of q and k."""
+        """EMA of the mean unit vector assigned to each centroid, over real tokens of q and k (sums by
+        index_add over (head, cluster) rows: no (B, H, N, C) one-hot)."""
         H, C, d = self.centroids.shape
-        sums = torch.zeros(H, C, d, dtype=torch.float32, device=self.centroids.device)
-        counts = torch.zeros(H, C, dtype=torch.float32, device=self.centroids.device)
+        dev = self.centroids.device
+        sums = torch.zeros(H * C, d, dtype=torch.float32, device=dev)
+        counts = torch.zeros(H * C, dtype=torch.float32, device=dev)
+        head = (torch.arange(H, device=dev) * C).view(1, H, 1)
         for x, c in zip(xs, clusters):
-            real = (torch.arange(x.size(2), device=x.device)[None, :] < lengths[:, None])[:, None, :].float()  # (B,1,N)
-            onehot = F.one_hot(c, C).float() * real.unsqueeze(-1)  # (B, H, N, C)
-            sums += torch.einsum("bhnc,bhnd->hcd", onehot, x.float())
-            counts += onehot.sum((0, 2))
+            real = torch.arange(x.size(2), device=x.device)[None, :] < lengths[:, None]  # (B, N)
+            rows = (c + head).transpose(1, 2)[real]  # (tokens, H): the real tokens' (head, cluster) rows
+            vecs = x.transpose(1, 2)[real].float()  # (tokens, H, d)
+            sums.index_add_(0, rows.flatten(), vecs.reshape(-1, d))
+            counts.index_add_(0, rows.flatten(), torch.ones(rows.numel(), device=dev))
+        sums, counts = sums.view(H, C, d), counts.view(H, C)
         seen = counts > 0
         mean = sums / counts.clamp_min(1).unsqueeze(-1)
         decay = self.opts.routing_decay
@@ -69,18 +74,21 @@ class RoutingAttention(AttentionVariant):
         order_q, order_k, (qn, kn, cq, ck) = self.orders(q, k, lengths)
         if self.training:
             self.update_centroids([qn.detach(), kn.detach()], [cq, ck], lengths)
-        oq = F.pad(order_q, (0, L - N), value=N)
-        ok = F.pad(order_k, (0, L - N), value=N)
+        # gathers read the unpadded tensors (the chunks' padding slots read position N - 1 and are masked
+        # as keys; as queries their output goes to a dump row); without padding slots (L == N) the order
+        # is a permutation and the output is scattered straight back
+        oq, ok = F.pad(order_q, (0, L - N), value=N), F.pad(order_k, (0, L - N), value=N)
+        gq, gk = oq.clamp(max=N - 1), ok.clamp(max=N - 1)
 
         def chunked(t, o):
-            t = F.pad(t, (0, 0, 0, 1))
             return t.gather(2, o.unsqueeze(-1).expand(B, H, L, d)).view(B, H, nc, w, d)
 
-        qs, ks, vs = chunked(q, oq), chunked(k, ok), chunked(v, ok)
+        qs, ks, vs = chunked(q, gq), chunked(k, gk), chunked(v, gk)
         # chunk c holds real queries exactly when it holds real keys (both sorted real-first), so only
         # chunks of padding allow no key
         allowed = with_a_key_per_row(ok.view(B, H, nc, 1, w) < lengths.view(B, 1, 1, 1, 1))
         out = fused_attention(qs.flatten(0, 1), ks.flatten(0, 1), vs.flatten(0, 1), allowed.flatten(0, 1),
                               self.dropout, self.training).reshape(B, H, L, d)
-        back = torch.zeros(B, H, N + 1, d, dtype=out.dtype, device=out.device)
-        return back.scatter(2, oq.unsqueeze(-1).expand(B, H, L, d), out)[:, :, :N]
+        if L == N:
+            return out.new_empty(B, H, N, d).scatter_(2, oq.unsqueeze(-1).expand(B, H, N, d), out)
+        return out.new_zeros(B, H, N + 1, d).scatter_(2, oq.unsqueeze(-1).expand(B, H, L, d), out)[:, :, :N]
