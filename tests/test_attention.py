@@ -546,6 +546,44 @@ def test_flash_partials_path_matches_the_sdpa_path_values_and_gradients(name, op
         torch.testing.assert_close(a, b, **tol)
 
 
+@pytest.mark.parametrize("name,opts", [
+    ("local", AttentionOptions(attention_window=8, max_positions=160)),
+    ("local", AttentionOptions(attention_window=6, max_positions=160)),  # band narrower than its span
+    ("global", AttentionOptions(global_tokens=5, attention_window=8, max_positions=160)),
+    ("bigbird", AttentionOptions(block_size=4, bigbird_window_blocks=3, bigbird_global_blocks=1,
+                                 bigbird_random_blocks=2, max_positions=160)),
+])
+def test_flash_partials_plain_rows_share_one_mask(name, opts, monkeypatch):
+    """Long ragged sequences: most kernel rows are "plain" (one shared band mask, or none, in one bulk call),
+    the rows at the sequence ends and around padding are run again with their own masks; the gradient reaches
+    the kernel in its own layout (no copy).  Outputs and gradients equal the scaled_dot_product_attention path."""
+    from fairseq_nat_ext.modules.attention import partials
+
+    N, lengths = 160, torch.tensor([160, 131, 100])
+    mod = build(name, opts)
+    real = (torch.arange(N)[None, :] < lengths[:, None]).view(3, 1, N, 1)
+    proj = torch.linspace(-1, 1, 16 * 5, dtype=torch.float64).view(16, 5)
+    results, masks, kernel = [], [], partials._FORWARD
+
+    def recording(*args, attn_mask=None, **kw):
+        masks.append(attn_mask)
+        return kernel(*args, attn_mask=attn_mask, **kw)
+
+    monkeypatch.setattr(partials, "_FORWARD", recording)
+    for enabled in (True, False):
+        monkeypatch.setattr(partials, "ENABLED", enabled)
+        q, k, v = [t.requires_grad_() for t in qkv(N=N, seed=7)]
+        out = mod(q, k, v, lengths) * real
+        # as the layer does: heads back to (B, N, H * d), then a projection; the gradient arrives as the
+        # transpose of a contiguous (B, N, H, d)
+        (out.transpose(1, 2).reshape(3, N, 16) @ proj).square().sum().backward()
+        results.append([out, q.grad, k.grad, v.grad])
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
+    assert any(m is None or m.size(0) == 1 for m in masks), "the bulk call with the shared band mask ran"
+    assert any(m is not None and m.size(0) > 1 for m in masks), "rows at the ends ran with their own masks"
+
+
 @pytest.mark.parametrize("name,opts", MERGED_CASES)
 def test_flash_partials_backward_in_one_row_chunks_equals_one_chunk(name, opts, monkeypatch):
     """The backward pass cut into chunks under partials.CHUNK_BYTES (here: one kernel row per chunk, the

@@ -76,11 +76,14 @@ def bar_rows(table):
 def markdown_table(results):
     table = _index(results["rows"])
     ns = sorted({r["n"] for r in results["rows"]})
+    passes = max((len(r.get("round_ms", [])) for r in results["rows"]), default=0)
+    cells = (f"each cell the median of {passes} passes over the whole table (``round_ms`` in the JSON), each a "
+             "fresh process") if passes > 1 else "each cell a fresh process"
     lines = [f"### {results['benchmark']}", "",
              f"- hardware: {results['hardware']}, {results['threads']} torch thread(s)",
              f"- command: `{results['command']}`",
              "- one attention layer (8 heads x 64, batch 1, fp32), forward + backward: ms (peak MB above the "
-             "process before the call); each cell a fresh process", "",
+             f"process before the call); {cells}", "",
              "| impl | variant | " + " | ".join(f"N={n}" for n in ns) + " |",
              "| --- | --- | " + " | ".join("---:" for _ in ns) + " |"]
     for (impl, variant), by_n in table.items():
