@@ -40,20 +40,20 @@ class RoutingAttention(AttentionVariant):
 
     @torch.no_grad()
     def update_centroids(self, xs, clusters, lengths):
-        """EMA of the mean unit vector assigned to each centroid, over real tokens of q and k (sums by
-        index_add over (head, cluster) rows: no (B, H, N, C) one-hot)."""
+        """EMA of the mean unit vector assigned to each centroid, over real tokens of q and k: sums by index_add
+        over (head, cluster) rows of the vectors as they lie (B, H, N, d), padding sent to one extra row that is
+        dropped (no (B, H, N, C) one-hot, no copy of the vectors)."""
         H, C, d = self.centroids.shape
         dev = self.centroids.device
-        sums = torch.zeros(H * C, d, dtype=torch.float32, device=dev)
-        counts = torch.zeros(H * C, dtype=torch.float32, device=dev)
+        sums = torch.zeros(H * C + 1, d, dtype=torch.float32, device=dev)
+        counts = torch.zeros(H * C + 1, dtype=torch.float32, device=dev)
         head = (torch.arange(H, device=dev) * C).view(1, H, 1)
         for x, c in zip(xs, clusters):
-            real = torch.arange(x.size(2), device=x.device)[None, :] < lengths[:, None]  # (B, N)
-            rows = (c + head).transpose(1, 2)[real]  # (tokens, H): the real tokens' (head, cluster) rows
-            vecs = x.transpose(1, 2)[real].float()  # (tokens, H, d)
-            sums.index_add_(0, rows.flatten(), vecs.reshape(-1, d))
-            counts.index_add_(0, rows.flatten(), torch.ones(rows.numel(), device=dev))
-        sums, counts = sums.view(H, C, d), counts.view(H, C)
+            pad = torch.arange(x.size(2), device=x.device)[None, None, :] >= lengths.view(-1, 1, 1)  # (B, 1, N)
+            rows = (c + head).masked_fill(pad, H * C).flatten()
+            sums.index_add_(0, rows, x.reshape(-1, d).float())
+            counts.index_add_(0, rows, torch.ones(rows.numel(), device=dev))
+        sums, counts = sums[:-1].view(H, C, d), counts[:-1].view(H, C)
         seen = counts > 0
         mean = sums / counts.clamp_min(1).unsqueeze(-1)
         decay = self.opts.routing_decay
