@@ -267,3 +267,24 @@ def test_listops_bubble_chart_maps_linear_to_its_feature_map(tmp_path, capsys):
     assert out.stat().st_size > 0
     err = capsys.readouterr().err
     assert "lsh: no speed row" in err and "linear_elu" not in err
+
+
+def test_speed_peers_can_be_named(tmp_path, monkeypatch):
+    """--peers alone times every installed peer; --peers NAME ... only those (a re-measure of one pair with
+    --update); an unknown name is refused before anything runs."""
+    import pytest
+
+    from fairseq_nat_ext.benchmark import attention_peers, attention_speed
+
+    ran = []
+    monkeypatch.setattr(attention_peers, "available_peers", lambda: ["linformer", "routing-transformer"])
+    monkeypatch.setattr(attention_speed, "run_one",
+                        lambda variant, n, args: ran.append(variant) or _speed_row(variant.split(":")[-1], n, 1.0, 1.0))
+    out = str(tmp_path / "speed.json")
+    attention_speed.main(["--out", out, "--n", "512", "--variants", "routing", "--peers"])
+    assert ran == ["routing", "peer:linformer", "peer:routing-transformer"]
+    ran.clear()
+    attention_speed.main(["--out", out, "--n", "512", "--variants", "routing", "--peers", "routing-transformer"])
+    assert ran == ["routing", "peer:routing-transformer"]
+    with pytest.raises(SystemExit):
+        attention_speed.main(["--out", out, "--n", "512", "--variants", "routing", "--peers", "routing"])

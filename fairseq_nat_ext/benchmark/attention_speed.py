@@ -1,7 +1,7 @@
 """Speed and memory of one self-attention layer, forward + backward, per variant and length.
 
     python -m fairseq_nat_ext.benchmark.attention_speed --out benchmarks/results/attention_speed.json \\
-        [--n 512 1024 2048 4096 8192 16384] [--variants full full_explicit local ...] [--peers] \\
+        [--n 512 1024 2048 4096 8192 16384] [--variants full full_explicit local ...] [--peers [NAME ...]] \\
         [--threads 2] [--device cpu|cuda] [--timeout 900] [--mem-limit-gb 20] [--update] [--rounds 2]
 
 Shapes (issue defaults): batch 1, 8 heads of dimension 64 (model dim 512), fp32.  Each (variant, N)
@@ -179,7 +179,9 @@ def main(argv=None):
     p.add_argument("--out")
     p.add_argument("--n", type=int, nargs="+", default=DEFAULT_N)
     p.add_argument("--variants", nargs="+", default=list(VARIANTS))
-    p.add_argument("--peers", action="store_true", help="also time the installed peer packages")
+    p.add_argument("--peers", nargs="*", metavar="NAME",
+                   help="also time the installed peer packages (all of them, or only those named, e.g. "
+                        "routing-transformer)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--timeout", type=int, default=900, help="seconds per (variant, N) subprocess")
@@ -203,10 +205,13 @@ def main(argv=None):
     if unknown:
         p.error(f"unknown variants {unknown} (known: {', '.join(VARIANTS)})")
     jobs = list(args.variants)
-    if args.peers:
-        from fairseq_nat_ext.benchmark.attention_peers import available_peers
+    if args.peers is not None:
+        from fairseq_nat_ext.benchmark.attention_peers import PEERS, available_peers
 
-        jobs += [f"peer:{name}" for name in available_peers()]
+        wrong = [name for name in args.peers if name not in PEERS]
+        if wrong:
+            p.error(f"unknown peers {wrong} (known: {', '.join(PEERS)})")
+        jobs += [f"peer:{name}" for name in available_peers() if not args.peers or name in args.peers]
     from fairseq_nat_ext.benchmark.provenance import hardware_description
 
     by_job = {}
