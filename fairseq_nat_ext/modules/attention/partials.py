@@ -257,13 +257,10 @@ class Blocks(Partial):
         acc = accs.get(flat_grad.data_ptr())
         if acc is None:
             acc = accs[flat_grad.data_ptr()] = grad.new_zeros(H * nbt, self.w, d)
-        if grad.transpose(1, 2).is_contiguous():  # the kernel's own (X, K * w, H, d) memory: per head, strided
-            # (w, d) slices of it are added as they lie (reshaping (X, H, K * w, d) to rows would copy it all)
-            by_block = grad.transpose(1, 2).view(X, K, self.w, H, d)
-            for h in range(H):
-                acc.index_add_(0, rows[:, h].flatten(), by_block[:, :, :, h].reshape(X * K, self.w, d))
-        else:
-            acc.index_add_(0, rows.flatten(), grad.reshape(X * H * K, self.w, d))
+        # per head: in the kernel's own (X, K * w, H, d) memory a head's (w, d) block slices are a strided VIEW,
+        # added as they lie (reshaping all of (X, H, K * w, d) to head-major rows would copy every chunk)
+        for h in range(H):
+            acc.index_add_(0, rows[:, h].flatten(), grad[:, h].reshape(X * K, self.w, d))
         if lo + X == nbt:
             del accs[flat_grad.data_ptr()]
             flat_grad[margin:margin + B * L].view(nbt, self.w, H, d).add_(acc.view(H, nbt, self.w, d).permute(1, 2, 0, 3))
