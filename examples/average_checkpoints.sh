@@ -16,4 +16,5 @@ if [[ $# -lt 3 ]]; then
 fi
 PYTHON="${PYTHON:-python}"
 command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
+mkdir -p "$(dirname "$3")"
 PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" exec "$PYTHON" -m fairseq_nat_ext.checkpoint_average "$@"

@@ -11,7 +11,7 @@
 #                       multi30k-teacher/train.distill.de.bpe.gz) instead of generating;
 #                       TEACHER_CKPT is then only recorded (may be "-")
 #   --src L --tgt L     language pair; default: the only pair of DATA_BIN/train.L1-L2.*.idx
-#   --workers N         fairseq-preprocess workers (default $WORKERS or 2)
+#   --workers N         fairseq-preprocess workers (default $WORKERS or the core count)
 #   --force             regenerate even when OUT_DIR/train.distill.TGT is up to date
 #   --max-repeat N      drop a pair whose distilled target repeats one token more than N times
 #                       in a row (a looping teacher; default 2, 0 keeps them)
@@ -52,7 +52,9 @@ MAX_TOKENS=8000
 DISTILLED=""
 SRC=""
 TGT=""
-WORKERS="${WORKERS:-2}"
+# shellcheck source=lib/common.sh
+source "$SCRIPT_DIR/lib/common.sh"
+WORKERS="${WORKERS:-$(default_cores)}"
 FORCE=0
 MAX_REPEAT=2
 MAX_LEN="2,10"

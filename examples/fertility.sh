@@ -32,6 +32,7 @@ if [[ -f "$OUT_DIR/train.fert" ]]; then
   echo "[fertility.sh] $OUT_DIR/train.fert exists: kept ($(head -n 1 "$OUT_DIR/method" 2>/dev/null || echo '?'))" >&2
   exit 0
 fi
+mkdir -p "$OUT_DIR"
 [[ -n "${SRC:-}" ]] && ARGS+=(-s "$SRC")
 [[ -n "${TGT:-}" ]] && ARGS+=(-t "$TGT")
 PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" "${PYTHON:-python}" -m fairseq_nat_ext.data.make_fertility \

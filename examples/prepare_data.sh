@@ -14,7 +14,7 @@
 #                         (default: auto-detected, see below)
 #   --moses-lang SL,TL    language codes given to sacremoses (default: SRC,TGT; codes
 #                         sacremoses does not know fall back to English rules)
-#   --workers N           processes for sacremoses and fairseq-preprocess (default $WORKERS or 2)
+#   --workers N           processes for sacremoses and fairseq-preprocess (default $WORKERS or the core count)
 #   --force               redo every step even when its outputs are up to date
 #
 # Input convention: RAW_DIR holds, for each split prefix P, the files P.SRC and P.TGT,
@@ -58,7 +58,9 @@ CODES=""
 SRCDICT=""
 SPLITS=""
 MOSES_LANG=""
-WORKERS="${WORKERS:-2}"
+# shellcheck source=lib/common.sh
+source "$SCRIPT_DIR/lib/common.sh"
+WORKERS="${WORKERS:-$(default_cores)}"
 FORCE=0
 while [[ $# -gt 0 ]]; do
     case "$1" in

@@ -19,7 +19,9 @@ REPO="$(cd "$SCRIPT_DIR/.." && pwd)"
 OUT="$(mkdir -p "${1:-quickstart_out}" && cd "${1:-quickstart_out}" && pwd)"
 PYTHON="${PYTHON:-python}"
 command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
-export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"
+# shellcheck source=lib/common.sh
+source "$SCRIPT_DIR/lib/common.sh"
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-${THREADS:-$(default_cores)}}"
 TEACHER_UPDATES="${TEACHER_UPDATES:-500}"
 NAT_UPDATES="${NAT_UPDATES:-400}"
 CORPUS_TRAIN="${CORPUS_TRAIN:-20000}"; CORPUS_TEST="${CORPUS_TEST:-500}"
@@ -37,17 +39,17 @@ if [[ ! -s "$OUT/raw/test.tgt" ]]; then
     --train "$CORPUS_TRAIN" --valid "$CORPUS_TEST" --test "$CORPUS_TEST"
 fi
 
-say "2/5 preparing data (tokenise, BPE, binarise)"
+say "2/5 preparing data (tokenise, BPE, binarise; fairseq-preprocess log: $OUT/prep/preprocess.log)"
 # 10k merges keep every word of this small vocabulary whole (the BPE step still runs as on real data)
 "$SCRIPT_DIR/prepare_data.sh" "$OUT/raw" src tgt "$OUT/prep" --bpe-merges 10000 >&2
 BIN="$OUT/prep/data-bin"
 
 if [[ ! -s "$OUT/teacher/checkpoint_avg.pt" ]]; then
-  say "3/5 training the teacher ($TEACHER_UPDATES updates)"
+  say "3/5 training the teacher ($TEACHER_UPDATES updates; log: $OUT/teacher/train.log)"
   MAX_UPDATE="$TEACHER_UPDATES" SAVE_INTERVAL_UPDATES=100 AVG=3 VALIDATE_INTERVAL=1000 \
     "$SCRIPT_DIR/train_teacher.sh" "$BIN" "$OUT/teacher" >/dev/null
 fi
-say "3/5 distilling the training set with the teacher (beam 5)"
+say "3/5 distilling the training set with the teacher (beam 5; log: $OUT/distill/generate-train.log)"
 "$SCRIPT_DIR/distill.sh" "$BIN" "$OUT/teacher/checkpoint_avg.pt" "$OUT/distill" --beam 5 >&2
 DBIN="$OUT/distill/data-bin"
 
@@ -56,12 +58,13 @@ train_nat() {  # data-bin save-dir
     local init=""; [[ "$NAT_INIT" == teacher ]] && init="$OUT/teacher/checkpoint_avg.pt"
     INIT_FROM="$init" MAX_UPDATE="$NAT_UPDATES" SAVE_INTERVAL_UPDATES=100 AVG=3 \
       "$SCRIPT_DIR/train_mask_predict.sh" "$1" "$2" --arch mask_predict \
-      --validate-interval 1000 >/dev/null
+      --validate-interval 1000 >/dev/null \
+      || { tail -n 20 "$2/train.log" >&2; say "training failed (log: $2/train.log)"; exit 1; }
   fi
 }
-say "4/5 training Mask-Predict on raw targets ($NAT_UPDATES updates)"
+say "4/5 training Mask-Predict on raw targets ($NAT_UPDATES updates; log: $OUT/mp_raw/train.log)"
 train_nat "$BIN" "$OUT/mp_raw"
-say "4/5 training Mask-Predict on distilled targets ($NAT_UPDATES updates)"
+say "4/5 training Mask-Predict on distilled targets ($NAT_UPDATES updates; log: $OUT/mp_distill/train.log)"
 train_nat "$DBIN" "$OUT/mp_distill"
 
 say "5/5 benchmarking"
@@ -72,7 +75,7 @@ bench() {  # ckpt distilled(yes/no) updates decodings...
   local flags=()
   for d in "$@"; do flags+=(--decoding "$d"); done
   local dflag=--no-distilled; [[ "$dist" == yes ]] && dflag=--distilled
-  "$PYTHON" -m fairseq_nat_ext.benchmark.run --benchmark quickstart --out "$RES" \
+  "$PYTHON" -m fairseq_nat_ext.evaluation.run --benchmark quickstart --out "$RES" \
     --data-bin "$BIN" --raw-ref "$OUT/prep/raw/test.tgt" --src-lang src --tgt-lang tgt \
     --system-ckpt "$ckpt" "${flags[@]}" "$dflag" --train-updates "$upd" \
     --train-log "$(dirname "$ckpt")/train.log" --threads 2 --latency-sentences "$LATENCY_SENTENCES" \
@@ -81,11 +84,11 @@ bench() {  # ckpt distilled(yes/no) updates decodings...
 bench "$OUT/teacher/checkpoint_avg.pt" no "$TEACHER_UPDATES" beam=1 beam=5
 bench "$OUT/mp_raw/checkpoint_avg.pt" no "$NAT_UPDATES" iter=4,len_beam=3 iter=10,len_beam=3
 bench "$OUT/mp_distill/checkpoint_avg.pt" yes "$NAT_UPDATES" iter=4,len_beam=3 iter=10,len_beam=3
-"$PYTHON" -m fairseq_nat_ext.benchmark.run --benchmark quickstart --out "$RES" \
+"$PYTHON" -m fairseq_nat_ext.evaluation.run --benchmark quickstart --out "$RES" \
   --raw-ref "$OUT/prep/raw/test.tgt" --tgt-lang tgt --reference-row --command "$CMD" --no-plot >&2
 
 echo
-"$PYTHON" -m fairseq_nat_ext.benchmark.tables "$RES"
+PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m benchmarks.tables "$RES"
 echo
 "$PYTHON" -m fairseq_nat_ext.data.synthetic_corpus_report "$OUT/raw/test.src" "$RES"
 say "finished: examples/quickstart.sh took ${SECONDS} s (the install of make quickstart not included)"

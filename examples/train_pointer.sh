@@ -18,7 +18,7 @@
 #   INDEX_RANGE       pointer_transformer only: L > 0 trains with randomised index positions (a sorted
 #                     random subset of 1..L per example; evenly spaced at inference) so that a model
 #                     can be tested on more points than it saw, up to L; 0 = indices 1..n [0]
-#   SEED [1]  THREADS (torch/OMP threads) [2]
+#   SEED [1]  THREADS (torch/OMP threads) [$(nproc)]
 # Checkpoints: SAVE_DIR/checkpoint_best.pt (lowest valid loss, validated every epoch) and
 # checkpoint_last.pt; training resumes from checkpoint_last.pt (on a finished run fairseq-train
 # makes one more update: benchmark/pointer.py does not start it again);
@@ -34,7 +34,9 @@ PROBLEM="${PROBLEM:?error: set PROBLEM=convex_hull|delaunay|tsp}"
 ARCH="${ARCH:-pointer_lstm}"
 MAX_UPDATE="${MAX_UPDATE:-20000}"; STOP_TIME_HOURS="${STOP_TIME_HOURS:-0}"
 BATCH_SIZE="${BATCH_SIZE:-128}"; LR="${LR:-1e-3}"; WARMUP="${WARMUP:-200}"; CLIP_NORM="${CLIP_NORM:-2.0}"
-SEED="${SEED:-1}"; THREADS="${THREADS:-2}"; AUGMENT="${AUGMENT:-none}"; INDEX_RANGE="${INDEX_RANGE:-0}"
+# shellcheck source=lib/common.sh
+source "$REPO/examples/lib/common.sh"
+SEED="${SEED:-1}"; THREADS="${THREADS:-$(default_cores)}"; AUGMENT="${AUGMENT:-none}"; INDEX_RANGE="${INDEX_RANGE:-0}"
 ARCH_ARGS=()
 if [[ "$INDEX_RANGE" != 0 ]]; then
   [[ "$ARCH" == pointer_transformer ]] || { echo "error: INDEX_RANGE=$INDEX_RANGE needs ARCH=pointer_transformer (got $ARCH)" >&2; exit 1; }

@@ -14,7 +14,7 @@
 #   SAVE_INTERVAL_UPDATES=0   >0: also save checkpoint_E_U.pt every so many updates; these
 #                         are then the ones averaged
 #   KEEP_LAST=$AVG        epoch (and update) checkpoints kept on disk (fairseq deletes older)
-#   THREADS=2             torch CPU threads (OMP_NUM_THREADS) unless already set
+#   THREADS=$(nproc)      torch CPU threads (OMP_NUM_THREADS) unless already set
 # e.g. a tiny teacher for the quick start:
 #   MAX_UPDATE=300 LAYERS=2 DIM=128 HEADS=2 WARMUP=100 examples/train_teacher.sh data-bin ckpt
 #
@@ -45,7 +45,9 @@ MAX_UPDATE="${MAX_UPDATE:-1300}"; MAX_EPOCH="${MAX_EPOCH:-0}"; SEED="${SEED:-1}"
 LOG_INTERVAL="${LOG_INTERVAL:-50}"; VALIDATE_INTERVAL="${VALIDATE_INTERVAL:-1}"
 AVG="${AVG:-5}"; SAVE_INTERVAL_UPDATES="${SAVE_INTERVAL_UPDATES:-0}"
 KEEP_LAST="${KEEP_LAST:-$(( AVG > 1 ? AVG : 1 ))}"
-export OMP_NUM_THREADS="${OMP_NUM_THREADS:-${THREADS:-2}}"
+# shellcheck source=lib/common.sh
+source "$SCRIPT_DIR/lib/common.sh"
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-${THREADS:-$(default_cores)}}"
 
 mkdir -p "$SAVE_DIR"
 EXTRA_SAVE=()
