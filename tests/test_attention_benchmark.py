@@ -2,7 +2,7 @@
 import json
 import os
 
-from fairseq_nat_ext.benchmark import attention_speed
+from benchmarks import attention_speed
 
 
 def test_speed_harness_writes_rows_with_the_issue_schema(tmp_path):
@@ -43,7 +43,7 @@ def test_speed_rounds_report_the_median_pass(tmp_path, monkeypatch):
     """--rounds R measures every (variant, N) in R whole passes, one after the other (not R times in a row),
     and writes one row each: the median time and memory of the passes, their times in round_ms; a pass out
     of memory makes the row OOM; a row whose passes all ran past the timeout stays a timeout."""
-    from fairseq_nat_ext.benchmark import attention_speed, tables
+    from benchmarks import attention_speed, tables
 
     order, times = [], {("full", 512): [30.0, 10.0, 20.0], ("local", 512): [5.0, 7.0, 6.0],
                         ("lsh", 512): [4.0, None, 4.0]}
@@ -76,7 +76,7 @@ def test_speed_rounds_report_the_median_pass(tmp_path, monkeypatch):
 def test_speed_table_and_bar_ratios(tmp_path):
     """The README table of the speed study: one line per (impl, variant), OOM cells, and the bar
     ratios computed from the rows (speed-up, memory ratios, growth, peer / ours)."""
-    from fairseq_nat_ext.benchmark import tables
+    from benchmarks import tables
 
     rows = [_speed_row("full", 4096, 1000, 50), _speed_row("full", 8192, 4000, 100),
             _speed_row("full", 16384, 16000, 200),
@@ -86,7 +86,7 @@ def test_speed_table_and_bar_ratios(tmp_path):
             _speed_row("local", 4096, 300, 25, impl="peer:local-attention")]
     path = tmp_path / "attention_speed.json"
     path.write_text(json.dumps({"benchmark": "attention_speed", "hardware": "cpu", "threads": 2,
-                                "command": "python -m fairseq_nat_ext.benchmark.attention_speed", "rows": rows}))
+                                "command": "python -m benchmarks.attention_speed", "rows": rows}))
     text = tables.markdown_tables([str(path)])
     assert "| ours | `full_explicit` | – | 9000 (4000) | OOM |" in text
     assert "| peer:local-attention | `local` | 300 (25) | – | – |" in text
@@ -105,7 +105,7 @@ def test_speed_table_and_bar_ratios(tmp_path):
 
 
 def test_speed_curves_are_drawn(tmp_path):
-    from fairseq_nat_ext.benchmark import attention_plots
+    from benchmarks import attention_plots
 
     path = tmp_path / "speed.json"
     path.write_text(json.dumps({"rows": [_speed_row("full", n, n / 10, n / 100) for n in (512, 1024)]
@@ -119,8 +119,8 @@ def test_listops_table_and_train_seconds(tmp_path):
     no-brackets ablation named), fractions outside [0, 1] are refused, and the seconds per update come
     from the sum of fairseq's per-epoch train_wall, not from the last epoch's alone (an epoch
     logged again by a resumed run counts once)."""
-    from fairseq_nat_ext.benchmark import tables
-    from fairseq_nat_ext.benchmark.attention_listops import _train_seconds
+    from benchmarks import tables
+    from benchmarks.attention_listops import _train_seconds
 
     log = tmp_path / "train.log"
     log.write_text(
@@ -157,7 +157,7 @@ def test_listops_study_apart_deeper_classifier(tmp_path, monkeypatch):
     brackets=False); --benchmark attention_listops_<name> writes a study apart, rendered as its own table."""
     import subprocess
 
-    from fairseq_nat_ext.benchmark import attention_listops, tables
+    from benchmarks import attention_listops, tables
 
     for name in ("b", "nb"):
         d = tmp_path / name
@@ -202,7 +202,7 @@ def test_listops_study_apart_deeper_classifier(tmp_path, monkeypatch):
 def test_listops_table_rows_from_two_machines(tmp_path):
     """Rows trained on different machines get a machine column (their seconds per update do not
     compare), each distinct command is listed, and a row's note becomes a numbered footnote."""
-    from fairseq_nat_ext.benchmark import tables
+    from benchmarks import tables
 
     row = {"variant": "full", "options": {}, "max_length": 513, "accuracy": 0.376, "majority_rate": 0.179,
            "train_updates": 1500, "sec_per_update": 0.282, "hardware": "Intel", "command": "run one"}
@@ -228,7 +228,7 @@ def test_listops_finished_variant_is_not_trained_again(tmp_path, monkeypatch):
     import argparse
     import subprocess
 
-    from fairseq_nat_ext.benchmark import attention_listops
+    from benchmarks import attention_listops
 
     save = tmp_path / "full"
     save.mkdir()
@@ -253,7 +253,7 @@ def test_listops_finished_variant_is_not_trained_again(tmp_path, monkeypatch):
 def test_listops_bubble_chart_maps_linear_to_its_feature_map(tmp_path, capsys):
     """The LRA-style chart finds linear attention's speed row by its feature map (linear_elu) and says
     which rows it could not place."""
-    from fairseq_nat_ext.benchmark.attention_plots import draw_bubble
+    from benchmarks.attention_plots import draw_bubble
 
     speed = tmp_path / "speed.json"
     speed.write_text(json.dumps({"rows": [_speed_row("full", 4096, 1000, 50), _speed_row("linear_elu", 4096, 200, 30)]}))
@@ -274,7 +274,7 @@ def test_speed_peers_can_be_named(tmp_path, monkeypatch):
     --update); an unknown name is refused before anything runs."""
     import pytest
 
-    from fairseq_nat_ext.benchmark import attention_peers, attention_speed
+    from benchmarks import attention_peers, attention_speed
 
     ran = []
     monkeypatch.setattr(attention_peers, "available_peers", lambda: ["linformer", "routing-transformer"])

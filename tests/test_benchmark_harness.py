@@ -1,4 +1,4 @@
-"""Tests of the benchmark harness (fairseq_nat_ext.benchmark).
+"""Tests of the evaluation harness (fairseq_nat_ext.evaluation) and the table writer (benchmarks.tables).
 
 Fast tests use hand-made strings and results; the one end-to-end test (marked slow) benchmarks the
 shared Multi30K teacher on 20 test sentences and is skipped when ../shared is absent.
@@ -14,10 +14,12 @@ from pathlib import Path
 import pytest
 import sacrebleu
 
-from fairseq_nat_ext.benchmark import decoding as dec
-from fairseq_nat_ext.benchmark import provenance
-from fairseq_nat_ext.benchmark import results as res
-from fairseq_nat_ext.benchmark import scoring, tables
+from fairseq_nat_ext.evaluation import decoding as dec
+from fairseq_nat_ext.evaluation import provenance
+from fairseq_nat_ext.evaluation import results as res
+from fairseq_nat_ext.evaluation import scoring
+
+from benchmarks import tables
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
@@ -271,8 +273,8 @@ def test_arch_and_system_name():
     assert "cores" in provenance.hardware_description("cpu")
 
 
-# ---- tables and README -------------------------------------------------------------------------
-def test_markdown_table_and_readme_markers(tmp_path, capsys):
+# ---- tables and docs/benchmarks.md ---------------------------------------------------------------
+def test_markdown_table_and_docs_markers(tmp_path, capsys):
     path = tmp_path / "mask_predict.json"
     res.save_results(path, _results())
     assert tables.main([str(path)]) == 0
@@ -280,27 +282,42 @@ def test_markdown_table_and_readme_markers(tmp_path, capsys):
     assert out.startswith("### mask_predict")
     assert "| `mask_predict` | `iter=10,len_beam=3` | yes | 30.50 | 30.10 | 12.5 |" in out
     assert "| `reference` | – | no | – | – | – | – | – | 1.20 |" in out
+    hyp = "benchmarks/results/mask_predict/mask_predict__iter=10,len_beam=3__distilled.txt"
+    assert f"[txt]({hyp})" in out  # printed: the path from the repository root, as in the JSON
 
-    readme = tmp_path / "README.md"
+    page = tmp_path / "benchmarks.md"
     original = "# Title\n\nintro\n<!-- results:begin -->\nold table\n<!-- results:end -->\n\nafter\n"
-    readme.write_text(original)
-    assert tables.main([str(path), "--update-readme", str(readme)]) == 0
-    text = readme.read_text()
+    page.write_text(original)
+    assert tables.main([str(path), "--update-docs", str(page)]) == 0
+    text = page.read_text()
     assert text.startswith("# Title\n\nintro\n<!-- results:begin -->\n### mask_predict")
     assert text.endswith("<!-- results:end -->\n\nafter\n")
     assert "old table" not in text
-    assert tables.main([str(path), "--update-readme", str(readme)]) == 0  # idempotent
-    assert readme.read_text() == text
+    link = os.path.relpath(REPO / hyp, tmp_path)
+    assert f"[txt]({link})" in text  # written into the page: relative to the page's folder
+    assert tables.main([str(path), "--update-docs", str(page)]) == 0  # idempotent
+    assert page.read_text() == text
     capsys.readouterr()
 
     no_markers = tmp_path / "NOMARK.md"
     no_markers.write_text("# nothing here\n")
-    assert tables.main([str(path), "--update-readme", str(no_markers)]) == 1
+    assert tables.main([str(path), "--update-docs", str(no_markers)]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "markers" in err
     assert no_markers.read_text() == "# nothing here\n"
-    assert tables.main([str(path), "--update-readme", str(tmp_path / "missing.md")]) == 1
+    assert tables.main([str(path), "--update-docs", str(tmp_path / "missing.md")]) == 1
     assert not (tmp_path / "missing.md").exists()
+    with pytest.raises(SystemExit):  # the README target is gone: tables go to docs/benchmarks.md
+        tables.main([str(path), "--update-readme", str(page)])
+
+
+def test_docs_page_links_are_relative_to_docs(tmp_path):
+    """From docs/benchmarks.md a hypothesis file of benchmarks/results/ is ../benchmarks/results/...;
+    the page itself is another engineer's (a temp copy with the markers stands in for it)."""
+    path = tmp_path / "mask_predict.json"
+    res.save_results(path, _results())
+    text = tables.markdown_tables([str(path)], link_dir=str(REPO / "docs"))
+    assert "[txt](../benchmarks/results/mask_predict/mask_predict__iter=10,len_beam=3__distilled.txt)" in text
 
 
 def test_replace_between_markers_rejects_misordered():
@@ -308,8 +325,19 @@ def test_replace_between_markers_rejects_misordered():
         tables.replace_between_markers("<!-- results:end -->\n<!-- results:begin -->\n", "x")
 
 
+def test_markers_count_only_as_lines_of_their_own():
+    """docs/benchmarks.md names the markers in its prose (in backquotes): only the marker lines count."""
+    text = ("Rewrites the text between `<!-- results:begin -->` and `<!-- results:end -->`.\n\n"
+            "<!-- results:begin -->\nold\n<!-- results:end -->\ntail\n")
+    new = tables.replace_between_markers(text, "### t\n")
+    assert new == ("Rewrites the text between `<!-- results:begin -->` and `<!-- results:end -->`.\n\n"
+                   "<!-- results:begin -->\n### t\n<!-- results:end -->\ntail\n")
+    with pytest.raises(ValueError):
+        tables.replace_between_markers("only `<!-- results:begin -->` in prose\n<!-- results:end -->\n", "x")
+
+
 def test_plot_writes_png(tmp_path):
-    from fairseq_nat_ext.benchmark.plot import plot_results
+    from benchmarks.plot import plot_results
 
     png = plot_results(_results(), str(tmp_path / "mask_predict.png"))
     assert Path(png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -342,7 +370,7 @@ def test_end_to_end_teacher_beam1(tmp_path):
         check=True, capture_output=True, env=env,
     )
     out = tmp_path / "results" / "e2e.json"
-    base = [sys.executable, "-m", "fairseq_nat_ext.benchmark.run", "--benchmark", "e2e",
+    base = [sys.executable, "-m", "fairseq_nat_ext.evaluation.run", "--benchmark", "e2e",
             "--data-bin", str(tmp_path / "data-bin"), "--raw-ref", str(tmp_path / "raw.de"),
             "--src-lang", "en", "--tgt-lang", "de", "--system-ckpt", str(teacher / "teacher.pt"),
             "--train-wall-s", "5700", "--valid-subset", "test", "--out", str(out)]
@@ -366,7 +394,7 @@ def test_end_to_end_teacher_beam1(tmp_path):
     assert len(hyps) == 20 and all(hyps)
     refs = scoring.read_lines(tmp_path / "raw.de")
     assert row["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score, abs=1e-3)
-    assert (tmp_path / "results" / "e2e.png").is_file()
+    assert not (tmp_path / "results" / "e2e.png").exists()  # the harness draws no plot (benchmarks.plot does)
     tune = json.loads((tmp_path / "results" / "e2e" / "valid_tune.json").read_text())["entries"]
     assert [(e["system"], e["decoding"], e["subset"], e["train_updates"]) for e in tune] == [
         ("fairseq:transformer", "beam=1", "test", 1300), ("fairseq:transformer", "beam=1,dedup=1", "test", 1300)]
@@ -384,7 +412,7 @@ def test_end_to_end_teacher_beam1(tmp_path):
 def test_descriptive_keys_are_checked_against_the_run():
     from types import SimpleNamespace
 
-    from fairseq_nat_ext.benchmark.run import _check_info
+    from fairseq_nat_ext.evaluation.run import _check_info
 
     run = SimpleNamespace(src_lang="de", tgt_lang="en")
     model = SimpleNamespace(args=SimpleNamespace(insertion_loss="binary_tree", insertion_tau=1.0))
@@ -429,7 +457,7 @@ def test_training_wall_time_gives_a_process_preamble_to_its_own_run(tmp_path):
 def test_oracle_results_get_their_own_table(tmp_path):
     import json
 
-    from fairseq_nat_ext.benchmark import tables
+    from benchmarks import tables
 
     path = tmp_path / "oracle.json"
     rows = [{"impl": "ours", "batch": 256, "device": "cpu", "ms_per_batch": 43.3, "same_edit_count": True},
@@ -450,7 +478,7 @@ def test_count_decoder_calls_counts_passes_of_edit_models_too():
     forward-only decoder and one with extract_features are counted, and the class method is back after."""
     import torch
 
-    from fairseq_nat_ext.benchmark.inference import count_decoder_calls
+    from fairseq_nat_ext.evaluation.inference import count_decoder_calls
 
     class EditDecoder(torch.nn.Module):
         def extract_features(self, x):
@@ -495,7 +523,7 @@ def test_count_decoder_calls_counts_layer_passes_whatever_method_drives_them():
     hook is gone afterwards."""
     import torch
 
-    from fairseq_nat_ext.benchmark.inference import count_decoder_calls
+    from fairseq_nat_ext.evaluation.inference import count_decoder_calls
 
     class OwnLoopDecoder(torch.nn.Module):
         def __init__(self):
@@ -529,7 +557,7 @@ def test_decode_seeds_torch_so_sampling_decoders_repeat_whatever_ran_before():
     128), whatever consumed random numbers before; seed=None leaves the generator alone."""
     import torch
 
-    from fairseq_nat_ext.benchmark import inference as inf
+    from fairseq_nat_ext.evaluation import inference as inf
 
     class SamplingTask:
         def inference_step(self, generator, models, sample):
@@ -555,7 +583,7 @@ def test_count_decoder_calls_counts_packed_passes_of_the_fertility_decoder(toy_d
     import torch
 
     from conftest import build_model_and_task
-    from fairseq_nat_ext.benchmark.inference import count_decoder_calls
+    from fairseq_nat_ext.evaluation.inference import count_decoder_calls
 
     task, model, _ = build_model_and_task(toy_databin[0], ["--arch", "nat_fertility_tiny", "--dropout", "0"])
     model.eval()

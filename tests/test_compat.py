@@ -114,7 +114,7 @@ def _python(code):
 
 def test_importing_the_plugin_leaves_the_root_logger_quiet():
     """fairseq's wav2vec2_classification sets the root logger to DEBUG on import; the plugin undoes it, so
-    `python -m fairseq_nat_ext.benchmark.plot` does not print matplotlib's font search."""
+    `python -m benchmarks.plot` does not print matplotlib's font search."""
     code = (
         "import logging, fairseq_nat_ext, matplotlib.pyplot as plt\n"
         "plt.figure(); plt.title('x'); plt.savefig(__import__('io').BytesIO())\n"

@@ -151,7 +151,7 @@ def test_greedy_generator_matches_the_model_argmax(built):
 
 
 def test_decoding_strings_reach_the_ctc_and_imputer_generators(toy_databin, built):
-    from fairseq_nat_ext.benchmark import decoding as dec
+    from fairseq_nat_ext.evaluation import decoding as dec
     from fairseq_nat_ext.generators.ctc import CTCGenerator
     from fairseq_nat_ext.generators.imputer import ImputerGenerator
 
@@ -168,7 +168,7 @@ def test_decoding_strings_reach_the_ctc_and_imputer_generators(toy_databin, buil
 
 
 def test_filtered_pair_count_of_a_data_split(toy_databin, built):
-    from fairseq_nat_ext.benchmark.ctc_filtered import count_infeasible
+    from fairseq_nat_ext.evaluation.ctc_filtered import count_infeasible
 
     task, _, _ = built
     task.load_dataset("train")

@@ -265,7 +265,7 @@ def test_npd_option_errors(model_task, tmp_path):
 
 
 def test_benchmark_decoding_keys_of_this_issue():
-    from fairseq_nat_ext.benchmark import decoding as dec
+    from fairseq_nat_ext.evaluation import decoding as dec
 
     assert dec.canonical_decoding("npd=10,fertility=aligner") == "fertility=aligner,npd=10"
     assert dec.parse_decoding("fertility=attention,npd=1") == {"fertility": "attention", "npd": 1}
@@ -281,7 +281,7 @@ def test_benchmark_decoding_keys_of_this_issue():
 
 def test_generation_args_take_precedence_over_the_task_config(model_task):
     task, model, _ = model_task
-    from fairseq_nat_ext.benchmark import decoding as dec
+    from fairseq_nat_ext.evaluation import decoding as dec
 
     gen = task.build_generator([model], dec.generation_options({"npd": 1}))
     assert isinstance(gen, NPDGenerator) and gen.samples == 1

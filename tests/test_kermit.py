@@ -196,7 +196,7 @@ def test_cli_train_then_generate_both_directions(toy_databin, tmp_path):
     assert sum(1 for line in p.stdout.splitlines() if line.startswith("H-")) == n_test
     # the end-of-slot penalty chosen on the validation split: a huge penalty never ends a slot early
     out = tmp_path / "eos.json"
-    run_cli(["python", "-m", "fairseq_nat_ext.benchmark.tune_eos_penalty", data_bin, ckpt, "--src", "src",
+    run_cli(["python", "-m", "fairseq_nat_ext.evaluation.tune_eos_penalty", data_bin, ckpt, "--src", "src",
              "--tgt", "tgt", "--penalties", "0,100", "--iter", "4", "--batch-size", "16", "--threads", "1",
              "--out", str(out)])
     import json
@@ -208,7 +208,7 @@ def test_cli_train_then_generate_both_directions(toy_databin, tmp_path):
 
 
 def test_tune_eos_penalty_parsing_and_refusals():
-    from fairseq_nat_ext.benchmark import tune_eos_penalty as t
+    from fairseq_nat_ext.evaluation import tune_eos_penalty as t
 
     line = "Generate valid with beam=5: BLEU4 = 4.53, 60.4/18.6/7.0/2.7 (BP=0.375, ratio=0.505, syslen=6111, reflen=12102)"
     assert t.parse_bleu("noise\n" + line) == (4.53, 0.505)
@@ -254,7 +254,7 @@ def test_batch_decoding_when_the_longest_row_finishes_first(kermit, monkeypatch)
 def test_conditioning_losses_roll_the_source_and_drop_it(kermit):
     """benchmark.kermit_conditioning: with every row holding the same source, the rolled source IS the
     true one (same loss); a source that differs per row gives another loss, and so does no source."""
-    from fairseq_nat_ext.benchmark.kermit_conditioning import conditioning_losses
+    from benchmarks.kermit_conditioning import conditioning_losses
 
     task, model, _ = kermit
     s = sample(task)

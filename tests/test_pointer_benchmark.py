@@ -5,9 +5,9 @@ import json
 import numpy as np
 import pytest
 
-from fairseq_nat_ext.benchmark import pointer as bench
-from fairseq_nat_ext.benchmark import pointer_results as pr
-from fairseq_nat_ext.benchmark import tables
+from benchmarks import pointer as bench
+from benchmarks import pointer_results as pr
+from benchmarks import tables
 from fairseq_nat_ext.data import pointer_geometry as geo
 from fairseq_nat_ext.data.pointer_format import read_pointer_file
 
@@ -134,7 +134,7 @@ def test_cli_rejects_unknown_experiment_arch_and_beam(capsys):
 def test_finished_training_is_not_started_again(tmp_path):
     """fairseq-train on a finished checkpoint makes one more update: the train stage keeps a model whose
     last run ended ("done training") under the same budget, and trains a killed run or a larger budget on."""
-    from fairseq_nat_ext.benchmark.pointer import finished
+    from benchmarks.pointer import finished
 
     save = tmp_path / "ckpt"
     save.mkdir()

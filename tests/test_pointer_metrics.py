@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from fairseq_nat_ext.benchmark import pointer_metrics as pm
-from fairseq_nat_ext.benchmark.pointer_plots import plot_examples
+from fairseq_nat_ext.evaluation import pointer_metrics as pm
+from benchmarks.pointer_plots import plot_examples
 
 # unit square (0-3) with its centre (4)
 SQUARE = np.array([[0, 0], [1, 0], [1, 1], [0, 1], [0.5, 0.5]], dtype=float)

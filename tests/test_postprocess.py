@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fairseq_nat_ext.benchmark import decoding as dec
+from fairseq_nat_ext.evaluation import decoding as dec
 from fairseq_nat_ext.generators.postprocess import collapse_all, collapse_repeats
 
 

@@ -7,7 +7,7 @@
 # Settings (environment): MIN_LEN=128 MAX_LEN=512 TRAIN=20000 VALID=1000 TEST=1000 SEED=1
 #   MAX_UPDATE=1500 BATCH=32 THREADS=2 WORK=runs/listops OUT=benchmarks/results/attention_listops.json
 #   VARIANTS="full local ..." (default: all)  SPEED=benchmarks/results/attention_speed.json (bubble chart)
-# Then draws ${OUT%.json}.png (accuracy vs speed, bubble area = memory) and regenerates the README tables.
+# Then draws ${OUT%.json}.png (accuracy vs speed, bubble area = memory) and regenerates the tables of docs/benchmarks.md.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$REPO"
@@ -22,13 +22,13 @@ gen() { "$PYTHON" -m fairseq_nat_ext.data.listops --out "$1" --train "$TRAIN" --
 [[ -s "$DATA/test.label" ]] || gen "$DATA"
 [[ -s "$DATA_NB/test.label" ]] || gen "$DATA_NB" --no-brackets
 VARIANT_ARGS=(); [[ -n "${VARIANTS:-}" ]] && read -r -a VARIANT_ARGS <<< "$VARIANTS" && VARIANT_ARGS=(--variants "${VARIANT_ARGS[@]}")
-"$PYTHON" -m fairseq_nat_ext.benchmark.attention_listops --data "$DATA" --no-brackets-data "$DATA_NB" \
+"$PYTHON" -m benchmarks.attention_listops --data "$DATA" --no-brackets-data "$DATA_NB" \
   --out "$OUT" --work "$WORK" --max-update "$MAX_UPDATE" --batch-size "$BATCH" --threads "$THREADS" \
   "${VARIANT_ARGS[@]}"
-# the LRA-style chart (speed and memory at N=4096 from the speed study, when it has been run) and the README tables
+# the LRA-style chart (speed and memory at N=4096 from the speed study, when it has been run) and the docs/benchmarks.md tables
 SPEED="${SPEED:-benchmarks/results/attention_speed.json}"
 if [[ -f "$SPEED" ]]; then
-  "$PYTHON" -m fairseq_nat_ext.benchmark.attention_plots bubble "$SPEED" "$OUT" "${OUT%.json}.png"
+  "$PYTHON" -m benchmarks.attention_plots bubble "$SPEED" "$OUT" "${OUT%.json}.png"
 fi
-"$PYTHON" -m fairseq_nat_ext.benchmark.tables "$(dirname "$OUT")"/*.json --update-readme README.md \
-  || echo "[attention_listops.sh] README not updated (see the error above)" >&2
+"$PYTHON" -m benchmarks.tables "$(dirname "$OUT")"/*.json --update-docs docs/benchmarks.md \
+  || echo "[attention_listops.sh] docs/benchmarks.md not updated (see the error above)" >&2

@@ -8,7 +8,7 @@
 #   PEERS_DIR=runs/attention_peers (peer packages are pip-installed there, never into .venv)
 #   OUT=benchmarks/results/attention_speed.json  TIMEOUT=900 (s per run)  MEM_LIMIT_GB=20
 #   ROUNDS=1 (whole passes over every row, one after the other; each row is the median pass)
-# Then draws ${OUT%.json}.png (time and memory against N) and regenerates the README's results tables.
+# Then draws ${OUT%.json}.png (time and memory against N) and regenerates the results tables of docs/benchmarks.md.
 # Run it on an otherwise idle machine: the rows are timings.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -23,9 +23,9 @@ if [[ ! -d "$PEERS_DIR/performer_pytorch" ]]; then
     product-key-memory hyper-connections colt5-attention mixture-of-experts
 fi
 # shellcheck disable=SC2086  # NS is a list
-ATTENTION_PEERS_PATH="$PEERS_DIR" OMP_NUM_THREADS="$THREADS" "$PYTHON" -m fairseq_nat_ext.benchmark.attention_speed \
+ATTENTION_PEERS_PATH="$PEERS_DIR" OMP_NUM_THREADS="$THREADS" "$PYTHON" -m benchmarks.attention_speed \
   --out "$OUT" --n $NS --device "$DEVICE" --threads "$THREADS" --timeout "$TIMEOUT" \
   --mem-limit-gb "$MEM_LIMIT_GB" --rounds "$ROUNDS" --peers
-"$PYTHON" -m fairseq_nat_ext.benchmark.attention_plots curves "$OUT" "${OUT%.json}.png"
-"$PYTHON" -m fairseq_nat_ext.benchmark.tables "$(dirname "$OUT")"/*.json --update-readme README.md \
-  || echo "[attention_speed.sh] README not updated (see the error above)" >&2
+"$PYTHON" -m benchmarks.attention_plots curves "$OUT" "${OUT%.json}.png"
+"$PYTHON" -m benchmarks.tables "$(dirname "$OUT")"/*.json --update-docs docs/benchmarks.md \
+  || echo "[attention_speed.sh] docs/benchmarks.md not updated (see the error above)" >&2

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CTC / Imputer benchmark (Multi30K En->De distilled, test_2016_flickr): the teacher, ctc_nat (greedy
 # and prefix beam 5), imputer (block 1, 2, 4, 8) and our mask_predict, measured by
-# fairseq_nat_ext.benchmark.run with one protocol.
+# fairseq_nat_ext.evaluation.run with one protocol.
 #
 # Usage (from anywhere; every setting has a default, override by environment variable):
 #   DATA_BIN=$REPO/runs/m30k_distill/data-bin \
@@ -15,12 +15,12 @@
 #   mask_predict         iter=4,len_beam=3  iter=10,len_beam=3
 #   reference            none
 # The number of training pairs each CTC system had to filter (target longer than the upsampled source
-# allows, python -m fairseq_nat_ext.benchmark.ctc_filtered on TRAIN_DATA_BIN) is written into the
-# results' "data" field.  Then the README's results section is regenerated from
+# allows, python -m fairseq_nat_ext.evaluation.ctc_filtered on TRAIN_DATA_BIN) is written into the
+# results' "data" field.  Then the results section of docs/benchmarks.md is regenerated from
 # benchmarks/results/*.json and benchmarks/results/ctc_imputer.png redrawn.
 #
 # Settings (environment; the shared ones -- DATA_BIN, RAW_REF, SRC/TGT, TEACHER_*, THREADS,
-# LATENCY_SENTENCES, LIMIT (smoke tests: the reference is cut to N lines too), OUT, README, CUDA,
+# LATENCY_SENTENCES, LIMIT (smoke tests: the reference is cut to N lines too), OUT, DOCS, CUDA,
 # TRAIN_COMMAND (state the CTC model's budget that the Imputer's alignments came from) -- are listed in
 # examples/benchmark/lib.sh):
 #   TRAIN_DATA_BIN    data-bin whose train split the CTC systems were trained on (default DATA_BIN)
@@ -52,7 +52,7 @@ finish_command
 # Filtered training pairs of the CTC systems -> the results' "data" field (the same for every call:
 # run.py rewrites "data" each time).
 filtered() {  # CKPT -> "k of n (upsample ratio r)"
-    "$PYTHON" -m fairseq_nat_ext.benchmark.ctc_filtered --ckpt "$1" --data-bin "$TRAIN_DATA_BIN" \
+    "$PYTHON" -m fairseq_nat_ext.evaluation.ctc_filtered --ckpt "$1" --data-bin "$TRAIN_DATA_BIN" \
         --src-lang "$SRC" --tgt-lang "$TGT" --text | tail -n 1
 }
 DATA_NAME="$DATA_BIN [test, $SRC->$TGT], reference $RAW_REF${LIMIT:+ (first $LIMIT sentences)}"

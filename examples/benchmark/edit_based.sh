@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Edit-based benchmark (Multi30K, test_2016_flickr): Levenshtein Transformer (ours vs fairseq's),
 # Insertion Transformer (ours with binary-tree and uniform loss, fairseq's) and KERMIT in both
-# directions from one checkpoint, measured by fairseq_nat_ext.benchmark.run with one protocol.
+# directions from one checkpoint, measured by fairseq_nat_ext.evaluation.run with one protocol.
 #
 #   LEVT_CKPT=... FS_LEVT_CKPT=... INS_BT_CKPT=... INS_UNI_CKPT=... FS_INS_CKPT=... KERMIT_CKPT=... \
 #   TRAIN_COMMAND="how they were trained (same data, size and updates)" \
@@ -14,17 +14,17 @@
 #   fairseq:insertion_transformer     iter=10
 #   kermit                            iter=10,dir=en-de and iter=10,dir=de-en (raw data; De->En is
 #                                     scored against the raw English reference)
-# then the README's results section is regenerated.
+# then the results section of docs/benchmarks.md is regenerated (and edit_based.png redrawn).
 #
 # Settings (environment; the shared ones -- DATA_BIN (distilled), RAW_REF (German reference), THREADS,
-# LATENCY_SENTENCES, LIMIT, OUT, README, CUDA, TRAIN_COMMAND -- are listed in examples/benchmark/lib.sh):
+# LATENCY_SENTENCES, LIMIT, OUT, DOCS, CUDA, TRAIN_COMMAND -- are listed in examples/benchmark/lib.sh):
 #   RAW_DATA_BIN  raw data-bin for KERMIT (default $REPO/runs/m30k/data-bin)
 #   REF_EN        raw English reference for De->En (default the shared test_2016_flickr.en.gz)
 #   <SYS>_CKPT, <SYS>_TRAIN_LOG, <SYS>_UPDATES, <SYS>_WALL_S  (default $REPO/runs/<sys>/checkpoint_avg.pt
 #                 and the train.log beside it) for SYS in LEVT FS_LEVT INS_BT INS_UNI FS_INS KERMIT
 #   ITER          --iter-decode-max-iter for every system (default 10)
 #   KERMIT_EOS_PENALTY_EN_DE, KERMIT_EOS_PENALTY_DE_EN  --iter-decode-eos-penalty of KERMIT's rows (default:
-#                 none; choose them on the validation split with fairseq_nat_ext.benchmark.tune_eos_penalty)
+#                 none; choose them on the validation split with fairseq_nat_ext.evaluation.tune_eos_penalty)
 #   SYSTEMS       subset of "levt fs_levt ins_bt ins_uni fs_ins kermit" (default: all)
 set -euo pipefail
 NAME=edit_based

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fertility NAT / noisy parallel decoding / iterative refinement benchmark (Multi30K En->De,
-# test_2016_flickr), measured by fairseq_nat_ext.benchmark.run with one protocol.
+# test_2016_flickr), measured by fairseq_nat_ext.evaluation.run with one protocol.
 #
 # Usage (from anywhere; every setting has a default, override by environment variable):
 #   DATA_BIN=$REPO/runs/m30k_distill/data-bin \
@@ -22,12 +22,12 @@
 #   reference             none
 # Every row has its repeated-token rate (with/without distillation, with NPD).  npd=s decodes the
 # argmax fertilities plus s-1 sampled ones in one batched pass and scores all candidates with
-# TEACHER_CKPT in one teacher-forced pass (generation option npd_teacher).  Then the README's results
+# TEACHER_CKPT in one teacher-forced pass (generation option npd_teacher).  Then docs/benchmarks.md's results
 # section is regenerated from benchmarks/results/*.json and benchmarks/results/fertility_refinement.png
 # redrawn.
 #
 # Settings (environment; the shared ones -- DATA_BIN, RAW_REF, SRC/TGT, TEACHER_* (it also scores the
-# NPD candidates), THREADS, LATENCY_SENTENCES, LIMIT, OUT, README, CUDA, TRAIN_COMMAND -- are listed in
+# NPD candidates), THREADS, LATENCY_SENTENCES, LIMIT, OUT, DOCS, CUDA, TRAIN_COMMAND -- are listed in
 # examples/benchmark/lib.sh):
 #   FERT_ALIGNER_CKPT, FERT_ATTENTION_CKPT          default $REPO/runs/fert_{aligner,attention}/checkpoint_avg.pt
 #   FERT_ALIGNER_RAW_CKPT, FERT_ATTENTION_RAW_CKPT  default $REPO/runs/fert_{aligner,attention}_raw/checkpoint_avg.pt

@@ -7,7 +7,7 @@
 #   SRC, TGT          language pair (en, de)
 #   TEACHER_CKPT      the AR teacher (default $SHARED/data/multi30k-teacher/teacher.pt), its budget
 #                     TEACHER_UPDATES / TEACHER_WALL_S (default 5700 s, its README)
-#   THREADS (2), LATENCY_SENTENCES (200), LIMIT (first N test sentences), CUDA=1, README (README.md),
+#   THREADS (2), LATENCY_SENTENCES (200), LIMIT (first N test sentences), CUDA=1, DOCS (docs/benchmarks.md),
 #   OUT (benchmarks/results/$NAME.json), TRAIN_COMMAND (how the systems were trained: recorded),
 #   BENCHMARK_NAME (rows written as that benchmark instead of the script's own, see below)
 #   <SYS>_CKPT, <SYS>_TRAIN_LOG (default: train.log beside the checkpoint), <SYS>_UPDATES, <SYS>_WALL_S
@@ -27,12 +27,12 @@ TEACHER_WALL_S="${TEACHER_WALL_S:-5700}"
 THREADS="${THREADS:-2}"
 LATENCY_SENTENCES="${LATENCY_SENTENCES:-200}"
 LIMIT="${LIMIT:-}"
-# BENCHMARK_NAME: write the rows as another benchmark (its own JSON, hypothesis folder and README table),
+# BENCHMARK_NAME: write the rows as another benchmark (its own JSON, hypothesis folder and docs table),
 # e.g. a subset of the systems re-measured on another machine; the script stays $SCRIPT
 SCRIPT="$NAME"; NAME="${BENCHMARK_NAME:-$NAME}"
 [[ "$NAME" =~ ^[a-z][a-z0-9_]*$ ]] || { echo "error: BENCHMARK_NAME '$NAME' is not a lower-case identifier" >&2; exit 1; }
 OUT="${OUT:-benchmarks/results/$NAME.json}"
-README="${README:-README.md}"
+DOCS="${DOCS:-docs/benchmarks.md}"
 CUDA="${CUDA:-0}"
 
 die() { echo "error: $*" >&2; exit 1; }
@@ -71,7 +71,7 @@ finish_command() {  # the shared settings and this script's name close the recor
     return 0
 }
 
-harness_options() {  # -> HARNESS: options of every fairseq_nat_ext.benchmark.run call (after COMMAND is final)
+harness_options() {  # -> HARNESS: options of every fairseq_nat_ext.evaluation.run call (after COMMAND is final)
     HARNESS=(--benchmark "$NAME" --threads "$THREADS" --latency-sentences "$LATENCY_SENTENCES" --out "$OUT"
              --command "$COMMAND")
     [[ -n "$LIMIT" ]] && HARNESS+=(--limit "$LIMIT")
@@ -91,15 +91,16 @@ train_stats() {  # train_stats PREFIX: the --train-* options of one system (P_UP
     echo "${out[@]}"
 }
 
-bench() { echo "[$NAME.sh] $*" >&2; "$PYTHON" -m fairseq_nat_ext.benchmark.run "$@"; }
+bench() { echo "[$NAME.sh] $*" >&2; "$PYTHON" -m fairseq_nat_ext.evaluation.run "$@"; }
 
-update_tables() {  # print every results table and regenerate the README's results section
-    "$PYTHON" -m fairseq_nat_ext.benchmark.tables "$(dirname "$OUT")"/*.json
-    if [[ -f "$README" ]]; then
-        "$PYTHON" -m fairseq_nat_ext.benchmark.tables "$(dirname "$OUT")"/*.json --update-readme "$README" \
-            || echo "[$NAME.sh] README not updated (see the error above)" >&2
+update_tables() {  # redraw $NAME.png, print every results table and regenerate the results section of $DOCS
+    "$PYTHON" -m benchmarks.plot "$OUT" >&2 || echo "[$NAME.sh] plot not drawn (see the error above)" >&2
+    "$PYTHON" -m benchmarks.tables "$(dirname "$OUT")"/*.json
+    if [[ -f "$DOCS" ]]; then
+        "$PYTHON" -m benchmarks.tables "$(dirname "$OUT")"/*.json --update-docs "$DOCS" \
+            || echo "[$NAME.sh] $DOCS not updated (see the error above)" >&2
     else
-        echo "[$NAME.sh] $README not found: README not updated" >&2
+        echo "[$NAME.sh] $DOCS not found: results tables not written there" >&2
     fi
     echo "[$NAME.sh] done: $OUT" >&2
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Mask-Predict benchmark (Multi30K En->De, test_2016_flickr): teacher vs. our mask_predict vs.
-# fairseq's cmlm_transformer, measured by fairseq_nat_ext.benchmark.run with one protocol.
+# fairseq's cmlm_transformer, measured by fairseq_nat_ext.evaluation.run with one protocol.
 #
 # Usage (from anywhere; every setting has a default, override by environment variable):
 #   DATA_BIN=$REPO/runs/m30k_distill/data-bin \
@@ -15,19 +15,19 @@
 #   fairseq:cmlm_transformer  iter=10,len_beam=3        fairseq's CMLM, distilled data, adaptive
 #                                                       stopping (no --iter-decode-force-max-iter)
 #   reference                 none                      the reference's own repeat rate
-# then the README's results section (between <!-- results:begin --> and <!-- results:end -->)
+# then the results section of docs/benchmarks.md (between <!-- results:begin --> and <!-- results:end -->)
 # is regenerated from benchmarks/results/*.json and benchmarks/results/mask_predict.png redrawn.
 #
 # Every decoding of our model is first scored on the valid split (--valid-tune ->
 # benchmarks/results/mask_predict/valid_tune.json); MP_DECODINGS (space-separated) overrides the
 # list, e.g. "iter=10,len_beam=3 iter=10,len_beam=5 iter=10,len_beam=3,force_iter=1".  MP_VALID_TUNE=0
 # skips that step when valid_tune.json already holds these decodings of this checkpoint (e.g. scored
-# earlier with `python -m fairseq_nat_ext.benchmark.run --valid-only ...` while another job ran).
+# earlier with `python -m fairseq_nat_ext.evaluation.run --valid-only ...` while another job ran).
 # TEACHER_DECODINGS (default "beam=1 beam=5") and CMLM_DECODINGS (default "iter=10,len_beam=3") do the
 # same for the other two systems, e.g. "... iter=10,len_beam=3,dedup=1" (dedup=1: consecutive repeated
 # tokens collapsed, the same function for every system).
 # Settings (environment; the shared ones -- DATA_BIN, RAW_REF, SRC/TGT, TEACHER_*, THREADS,
-# LATENCY_SENTENCES, LIMIT, OUT, README, CUDA, TRAIN_COMMAND -- are listed in examples/benchmark/lib.sh):
+# LATENCY_SENTENCES, LIMIT, OUT, DOCS, CUDA, TRAIN_COMMAND -- are listed in examples/benchmark/lib.sh):
 #   MP_CKPT           default $REPO/runs/mp_ours/checkpoint_avg.pt
 #   CMLM_CKPT         default $REPO/runs/cmlm/checkpoint_avg.pt
 #   <SYS>_TRAIN_LOG   default train.log beside the checkpoint (used when it exists)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Pointer-network benchmark (Vinyals et al. 2015 on CPU-sized budgets): data, training and evaluation
-# by fairseq_nat_ext.benchmark.pointer -> benchmarks/results/pointer.json (+ pointer/<problem>.png),
-# then the README's results section is regenerated.
+# by benchmarks.pointer -> benchmarks/results/pointer.json (+ pointer/<problem>.png),
+# then the results section of docs/benchmarks.md is regenerated.
 #
 #   bash examples/benchmark/pointer.sh                     # everything, default budgets
 #   EXPERIMENTS=tsp5-20 ARCHS=pointer_lstm MAX_UPDATE=5000 bash examples/benchmark/pointer.sh
@@ -23,8 +23,8 @@
 #   THREADS          torch threads for training and decoding [2]
 #   STAGES           [data,train,eval]
 #   BENCHMARK_NAME   [pointer]; pointer_<name>: a subset re-measured on other hardware, as its own
-#                    benchmark (file, pictures and README table), so one table never mixes machines
-#   OUT [benchmarks/results/$BENCHMARK_NAME.json]  README [README.md] (README= to skip the update)
+#                    benchmark (file, pictures and docs table), so one table never mixes machines
+#   OUT [benchmarks/results/$BENCHMARK_NAME.json]  DOCS [docs/benchmarks.md] (DOCS= to skip the update)
 #   CUDA=1           decode on CUDA when available
 # Data generation is single-threaded: about 1 min per 100000 hulls of 50 points; TSP 5-20 needs LKH
 # (about 10-15 ms per instance of n > 12), so 100000 examples take roughly 10-15 min.
@@ -44,16 +44,16 @@ export BATCH_SIZE="${BATCH_SIZE:-128}" LR="${LR:-1e-3}" WARMUP="${WARMUP:-200}" 
 export BEAMS="${BEAMS:-1,5}" THREADS="${THREADS:-2}" STAGES="${STAGES:-data,train,eval}"
 BENCHMARK_NAME="${BENCHMARK_NAME:-pointer}"
 OUT="${OUT:-benchmarks/results/$BENCHMARK_NAME.json}"
-README="${README-README.md}"
+DOCS="${DOCS-docs/benchmarks.md}"
 CUDA_FLAG=(); [[ "${CUDA:-0}" == 1 ]] && CUDA_FLAG=(--cuda)
 export OMP_NUM_THREADS="$THREADS"
 INDEX_NOTE=""; [[ "$INDEX_RANGE" != 0 ]] && INDEX_NOTE=" INDEX_RANGE=$INDEX_RANGE"
 COMMAND="training: examples/train_pointer.sh per experiment and arch, MAX_UPDATE=$MAX_UPDATE STOP_TIME_HOURS=$STOP_TIME_HOURS (whichever first) BATCH_SIZE=$BATCH_SIZE LR=$LR WARMUP=$WARMUP CLIP_NORM=$CLIP_NORM AUGMENT=$AUGMENT$INDEX_NOTE THREADS=$THREADS, TRAIN_SIZE=$TRAIN_SIZE; benchmark: EXPERIMENTS=$EXPERIMENTS ARCHS=$ARCHS TEST_SIZE=$TEST_SIZE BEAMS=$BEAMS"
 [[ "$BENCHMARK_NAME" != pointer ]] && COMMAND+=" BENCHMARK_NAME=$BENCHMARK_NAME"
 COMMAND+=" bash examples/benchmark/pointer.sh"
-"$PYTHON" -m fairseq_nat_ext.benchmark.pointer --work-dir "$WORK" --out "$OUT" --stages "$STAGES" \
+"$PYTHON" -m benchmarks.pointer --work-dir "$WORK" --out "$OUT" --stages "$STAGES" \
   --experiments "$EXPERIMENTS" --archs "$ARCHS" --train-size "$TRAIN_SIZE" --valid-size "$VALID_SIZE" \
   --test-size "$TEST_SIZE" --beams "$BEAMS" --threads "$THREADS" --command "$COMMAND" --benchmark "$BENCHMARK_NAME" ${CUDA_FLAG[@]+"${CUDA_FLAG[@]}"}
-if [[ -n "$README" && -f "$OUT" ]]; then
-  "$PYTHON" -m fairseq_nat_ext.benchmark.tables "$(dirname "$OUT")"/*.json --update-readme "$README"
+if [[ -n "$DOCS" && -f "$OUT" ]]; then
+  "$PYTHON" -m benchmarks.tables "$(dirname "$OUT")"/*.json --update-docs "$DOCS"
 fi

@@ -115,7 +115,7 @@ def ctc_prefix_beam_search(lprobs, lengths, beam, blank, pad, max_len=None):
 
 
 class CTCGenerator(NATGeneratorBase):
-    #: the benchmark's decoding keys this generator reads (fairseq_nat_ext.benchmark.decoding)
+    #: the benchmark's decoding keys this generator reads (fairseq_nat_ext.evaluation.decoding)
     decoding_keys = ("beam",)
 
     def __init__(self, models, tgt_dict, beam=1, nbest=1, retain_history=False):

@@ -176,7 +176,7 @@ def length_chunks(lengths, max_tokens=None):
 
 
 class NPDGenerator(NATGeneratorBase):
-    #: the benchmark's decoding keys this generator reads (fairseq_nat_ext.benchmark.decoding)
+    #: the benchmark's decoding keys this generator reads (fairseq_nat_ext.evaluation.decoding)
     decoding_keys = ("npd", "fertility")
 
     def __init__(self, models, tgt_dict, npd_samples=None, teacher=None, teacher_path=None,

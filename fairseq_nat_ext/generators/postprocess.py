@@ -1,5 +1,6 @@
 """Post-processing of finished hypotheses (fairseq hypothesis dicts), shared by the task's
-``--collapse-repeats`` option and the benchmark harness' ``dedup=1`` decoding key.
+``--collapse-repeats`` option and the evaluation harness' ``dedup=1`` decoding key
+(:mod:`fairseq_nat_ext.evaluation.decoding`).
 
 Collapsing consecutive repeated tokens ("de-duplication") is a common last step of non-autoregressive
 decoding: a NAT decoder predicts neighbouring positions independently and often emits the same token

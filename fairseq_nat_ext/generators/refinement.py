@@ -23,7 +23,7 @@ from .projection import best_tokens
 
 
 class RefinementGenerator(NATGeneratorBase):
-    #: the benchmark's decoding keys this generator reads (fairseq_nat_ext.benchmark.decoding)
+    #: the benchmark's decoding keys this generator reads (fairseq_nat_ext.evaluation.decoding)
     decoding_keys = ("iter", "len_beam", "force_iter")
 
     def __init__(self, models, tgt_dict, max_iter=10, length_beam=1, adaptive=True, retain_history=False):

@@ -1,6 +1,6 @@
 """BLEU vs batch-1 latency scatter of one benchmark (matplotlib, Agg backend).
 
-    python -m fairseq_nat_ext.benchmark.plot benchmarks/results/mask_predict.json [...]
+    python -m benchmarks.plot benchmarks/results/mask_predict.json [...]
 
 writes ``benchmarks/results/<benchmark>.png`` next to each results file.  The reference row (no
 latency, BLEU 100 by construction) is not drawn.
@@ -9,7 +9,7 @@ import argparse
 import os
 import sys
 
-from .results import REFERENCE_SYSTEM, load_results
+from fairseq_nat_ext.evaluation.results import REFERENCE_SYSTEM, load_results
 
 
 def plot_results(results, png_path):
@@ -48,7 +48,7 @@ def plot_results(results, png_path):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m fairseq_nat_ext.benchmark.plot",
+    p = argparse.ArgumentParser(prog="python -m benchmarks.plot",
                                 description="BLEU vs latency scatter per results JSON")
     p.add_argument("results", nargs="+")
     args = p.parse_args(argv)

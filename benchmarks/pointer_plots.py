@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 
-from .pointer_metrics import open_cycle
+from fairseq_nat_ext.evaluation.pointer_metrics import open_cycle
 
 
 def _closed(points, seq):

@@ -1,8 +1,8 @@
 """Pictures for the attention study.
 
-    python -m fairseq_nat_ext.benchmark.attention_plots patterns OUT.png [--n 64]
-    python -m fairseq_nat_ext.benchmark.attention_plots curves SPEED.json OUT.png
-    python -m fairseq_nat_ext.benchmark.attention_plots bubble SPEED.json LISTOPS.json OUT.png [--n 4096]
+    python -m benchmarks.attention_plots patterns OUT.png [--n 64]
+    python -m benchmarks.attention_plots curves SPEED.json OUT.png
+    python -m benchmarks.attention_plots bubble SPEED.json LISTOPS.json OUT.png [--n 4096]
 
 ``patterns``: for every variant, which query (row) sees which key (column) on one random sequence of n
 tokens with small settings (window 4, stride 8, 4 global tokens, blocks of 8, ...).  For lsh / routing

@@ -3,7 +3,7 @@ training loss of that mode) on validation batches with the true source, with ano
 (the batch rolled by one row) and with no source (x absent).  A model that conditions on x has a clearly
 lower loss with the true source; one that learnt only a target-side language model does not.
 
-    python -m fairseq_nat_ext.benchmark.kermit_conditioning CKPT DATA_BIN [--src en --tgt de]
+    python -m benchmarks.kermit_conditioning CKPT DATA_BIN [--src en --tgt de]
         [--subset valid] [--batches 8] [--batch-size 64] [--threads 2]
 
 Prints one JSON line: {"true": ..., "shuffled": ..., "x_absent": ..., "batches": n, "sentences": m}.
@@ -41,8 +41,8 @@ def main(argv=None):
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--threads", type=int, default=2)
     a = p.parse_args(argv)
-    from .inference import load_split, load_system, make_batches
-    from .timing import set_threads
+    from fairseq_nat_ext.evaluation.inference import load_split, load_system, make_batches
+    from fairseq_nat_ext.evaluation.timing import set_threads
 
     set_threads(a.threads)
     system = load_system(a.checkpoint, a.data_bin, a.src, a.tgt)

@@ -19,7 +19,7 @@ delaunay only, ``tour_length`` / ``reference_tour_length`` / ``reference`` for t
 lengths over the test set; ``reference`` says whether the reference tours are exact (Held-Karp) or
 LKH's).  Rows are keyed by (problem, system, n_train, n_test, decoding); :func:`upsert_row` replaces
 the row with the same key.  A subset re-measured on other hardware is its own benchmark
-``pointer_<name>`` (its own file and README table), so one file never mixes machines.
+``pointer_<name>`` (its own file and table), so one file never mixes machines.
 """
 import json
 import math
@@ -27,8 +27,8 @@ import os
 import re
 import tempfile
 
-from .decoding import is_canonical_decoding
-from .results import command_lines
+from fairseq_nat_ext.evaluation.decoding import is_canonical_decoding
+from fairseq_nat_ext.evaluation.results import command_lines
 
 BENCHMARK = "pointer"
 NAME_PATTERN = re.compile(r"^pointer(_[a-z0-9_]+)?$")

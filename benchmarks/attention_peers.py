@@ -5,7 +5,7 @@ The packages are installed only for the benchmark, e.g. into a separate director
     pip install --target PEERS_DIR --no-deps local-attention linformer performer-pytorch \\
         reformer-pytorch sinkhorn-transformer routing-transformer einops axial-positional-embedding \\
         product-key-memory
-    ATTENTION_PEERS_PATH=PEERS_DIR python -m fairseq_nat_ext.benchmark.attention_speed --peers ...
+    ATTENTION_PEERS_PATH=PEERS_DIR python -m benchmarks.attention_speed --peers ...
 
 Each adapter returns (fn: x (N, 1, C) -> output, options, our corresponding variant) with the same
 settings as our row (window 256, k=256, 256 features, bucket 64 x 4 hashes, sqrt(N) clusters, blocks

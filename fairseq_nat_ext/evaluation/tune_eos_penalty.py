@@ -6,7 +6,7 @@ dominates); subtracting a penalty from the end-of-slot log-probability lengthens
 fairseq-generate's own corpus BLEU4 on the tokenised, BPE-removed output (``--remove-bpe``): a
 selection criterion, not the reported test score.
 
-    python -m fairseq_nat_ext.benchmark.tune_eos_penalty DATA_BIN CKPT --penalties 0,0.5,1,2,3 \\
+    python -m fairseq_nat_ext.evaluation.tune_eos_penalty DATA_BIN CKPT --penalties 0,0.5,1,2,3 \\
         [--subset valid] [--task kermit] [--src en --tgt de] [--iter 10] [--batch-size 128] \\
         [--threads 2] [--out FILE.json] [-- extra fairseq-generate options]
 
@@ -93,7 +93,7 @@ def main(argv=None):
     if args.out:
         record = {"checkpoint": args.checkpoint, "data_bin": args.data_bin, "subset": args.subset,
                   "src": args.src, "tgt": args.tgt,
-                  "command": "python -m fairseq_nat_ext.benchmark.tune_eos_penalty " + " ".join(
+                  "command": "python -m fairseq_nat_ext.evaluation.tune_eos_penalty " + " ".join(
                       shlex.quote(a) for a in given),
                   "rows": rows, "best": best}
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

@@ -73,7 +73,7 @@ _RANGES = {
 
 
 def command_lines(results, rows, several):
-    """README lines naming the command(s) behind ``rows``: one ``- command:`` line, or, when rows carry
+    """Markdown lines naming the command(s) behind ``rows``: one ``- command:`` line, or, when rows carry
     different ``"command"`` values (rows without one fall back to the file's), a list introduced by
     ``- commands (<several>; each row names its own in the JSON):``."""
     commands = list(dict.fromkeys(r.get("command", results["command"]) for r in rows)) or [results["command"]]

@@ -1,21 +1,24 @@
-"""Markdown tables from results files, and the README's results section.
+"""Markdown tables from results files, and the results section of ``docs/benchmarks.md``.
 
-    python -m fairseq_nat_ext.benchmark.tables benchmarks/results/*.json
-    python -m fairseq_nat_ext.benchmark.tables benchmarks/results/*.json --update-readme README.md
+    python -m benchmarks.tables benchmarks/results/*.json
+    python -m benchmarks.tables benchmarks/results/*.json --update-docs docs/benchmarks.md
 
 The first prints one table per benchmark (sorted by benchmark name).  The second replaces the text
-between the lines ``<!-- results:begin -->`` and ``<!-- results:end -->`` of the README with those
+between the lines ``<!-- results:begin -->`` and ``<!-- results:end -->`` of that page with those
 tables; when the markers are missing (or out of order) it changes nothing and prints a one-line error.
-Every file is validated first (:mod:`.results`; the pointer benchmark's file by
-:mod:`.pointer_results`, which has its own columns).
+There, the links to the committed hypothesis files (paths from the repository root in the JSON) are
+written relative to the page's folder (``../benchmarks/results/...`` from ``docs/``).
+Every file is validated first (:mod:`fairseq_nat_ext.evaluation.results`; the pointer, oracle and
+attention studies' files by their own checks, :mod:`.pointer_results`, :mod:`.attention_results`).
 """
 import argparse
 import json
 import os
 import sys
 
-from . import attention_results, pointer_results
-from .results import REFERENCE_SYSTEM, check_timing_results, load_results
+from fairseq_nat_ext.evaluation.results import REFERENCE_SYSTEM, check_timing_results, load_results
+
+from . import REPO, attention_results, pointer_results
 
 BEGIN_MARKER = "<!-- results:begin -->"
 END_MARKER = "<!-- results:end -->"
@@ -28,10 +31,19 @@ COLUMNS = [
 DASH = "–"
 
 
-def _cells(row):
+def hyp_link(hyp, link_dir=None):
+    """The Markdown link target of a committed hypothesis file: ``hyp`` (a path from the repository root)
+    as it is, or relative to the folder ``link_dir`` (the page that shows the table)."""
+    if link_dir is None:
+        return hyp
+    rel = os.path.relpath(os.path.join(REPO, hyp), os.path.abspath(link_dir))
+    return rel.replace(os.sep, "/")
+
+
+def _cells(row, link_dir=None):
     ref = row["system"] == REFERENCE_SYSTEM
     hyp = row["hyp"]
-    link = f"[txt]({hyp})" if not ref and not os.path.isabs(hyp) else DASH
+    link = f"[txt]({hyp_link(hyp, link_dir)})" if not ref and not os.path.isabs(hyp) else DASH
     return [
         f"`{row['system']}`",
         DASH if ref else f"`{row['decoding']}`",
@@ -48,8 +60,9 @@ def _cells(row):
     ]
 
 
-def markdown_table(results):
-    """One benchmark as a Markdown section: heading, provenance lines, table."""
+def markdown_table(results, link_dir=None):
+    """One benchmark as a Markdown section: heading, provenance lines, table (hypothesis links relative
+    to ``link_dir`` when given, see :func:`hyp_link`)."""
     lines = [
         f"### {results['benchmark']}",
         "",
@@ -62,7 +75,7 @@ def markdown_table(results):
         "| " + " | ".join(["---"] * 3 + ["---:"] * (len(COLUMNS) - 4) + ["---"]) + " |",
     ]
     for row in results["rows"]:
-        lines.append("| " + " | ".join(_cells(row)) + " |")
+        lines.append("| " + " | ".join(_cells(row, link_dir)) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -70,7 +83,7 @@ ORACLE_KEYS = ("impl", "batch", "device", "ms_per_batch", "same_edit_count")
 
 
 def check_oracle_results(obj, path):
-    """The oracle benchmark's file (``benchmark/oracle_speed.py``)."""
+    """The oracle benchmark's file (``benchmarks/oracle_speed.py``)."""
     return check_timing_results(obj, path, ORACLE_KEYS)
 
 
@@ -102,64 +115,73 @@ def _load_any(path):
     return load_results(path), markdown_table
 
 
-def markdown_tables(paths):
+def markdown_tables(paths, link_dir=None):
+    """Every results file's section, sorted by benchmark name; ``link_dir``: see :func:`markdown_table`."""
     all_results = sorted((_load_any(p) for p in paths), key=lambda r: r[0]["benchmark"])
     names = [r["benchmark"] for r, _ in all_results]
     dup = {n for n in names if names.count(n) > 1}
     if dup:
         raise ValueError(f"benchmark(s) {sorted(dup)} appear in more than one results file")
-    return "\n".join(table(r) for r, table in all_results)
+    return "\n".join(table(r, link_dir) if table is markdown_table else table(r) for r, table in all_results)
 
 
 def replace_between_markers(text, content):
-    """``text`` with the lines between the markers replaced by ``content``; ValueError when the
-    markers are missing, repeated or out of order."""
-    begin, end = text.find(BEGIN_MARKER), text.find(END_MARKER)
-    if begin < 0 or end < 0:
-        raise ValueError(f"markers {BEGIN_MARKER} / {END_MARKER} not found")
-    if text.count(BEGIN_MARKER) > 1 or text.count(END_MARKER) > 1:
+    """``text`` with the lines between the marker lines replaced by ``content``; ValueError when the
+    markers are missing, repeated or out of order.  A marker counts only as a line of its own (the page
+    may name the markers in its prose, e.g. inside backquotes)."""
+    lines = text.splitlines(keepends=True)
+    begins = [i for i, line in enumerate(lines) if line.strip() == BEGIN_MARKER]
+    ends = [i for i, line in enumerate(lines) if line.strip() == END_MARKER]
+    if not begins or not ends:
+        raise ValueError(f"markers {BEGIN_MARKER} / {END_MARKER} not found (each on a line of its own)")
+    if len(begins) > 1 or len(ends) > 1:
         raise ValueError("results markers appear more than once")
+    begin, end = begins[0], ends[0]
     if end < begin:
         raise ValueError(f"{END_MARKER} comes before {BEGIN_MARKER}")
-    head = text[: begin + len(BEGIN_MARKER)]
-    tail = text[end:]
-    return head + "\n" + content.rstrip("\n") + "\n" + tail
+    head = "".join(lines[: begin + 1])
+    if not head.endswith("\n"):
+        head += "\n"
+    return head + content.rstrip("\n") + "\n" + "".join(lines[end:])
 
 
-def update_readme(readme, content):
-    with open(readme, encoding="utf-8") as f:
+def update_docs(page, content):
+    """Replace the results section of the Markdown file ``page``; True when its text changed."""
+    with open(page, encoding="utf-8") as f:
         text = f.read()
     new = replace_between_markers(text, content)
     if new != text:
-        with open(readme, "w", encoding="utf-8") as f:
+        with open(page, "w", encoding="utf-8") as f:
             f.write(new)
     return new != text
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m fairseq_nat_ext.benchmark.tables",
+    p = argparse.ArgumentParser(prog="python -m benchmarks.tables",
                                 description="Markdown tables from benchmark results JSON files")
     p.add_argument("results", nargs="+", help="results JSON files")
-    p.add_argument("--update-readme", metavar="README",
-                   help=f"replace the text between {BEGIN_MARKER} and {END_MARKER}")
+    p.add_argument("--update-docs", metavar="PAGE",
+                   help=f"replace the text between {BEGIN_MARKER} and {END_MARKER} of this Markdown page "
+                   "(docs/benchmarks.md)")
     args = p.parse_args(argv)
+    page = args.update_docs
+    if page and not os.path.isfile(page):
+        print(f"error: {page}: no such file", file=sys.stderr)
+        return 1
     try:
-        content = markdown_tables(args.results)
+        content = markdown_tables(args.results, link_dir=os.path.dirname(os.path.abspath(page)) if page else None)
     except (OSError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    if not args.update_readme:
+    if not page:
         sys.stdout.write(content)
         return 0
-    if not os.path.isfile(args.update_readme):
-        print(f"error: {args.update_readme}: no such file", file=sys.stderr)
-        return 1
     try:
-        changed = update_readme(args.update_readme, content)
+        changed = update_docs(page, content)
     except ValueError as err:
-        print(f"error: {args.update_readme}: {err}; nothing changed", file=sys.stderr)
+        print(f"error: {page}: {err}; nothing changed", file=sys.stderr)
         return 1
-    print(f"{args.update_readme}: results section {'updated' if changed else 'unchanged'}")
+    print(f"{page}: results section {'updated' if changed else 'unchanged'}")
     return 0
 
 

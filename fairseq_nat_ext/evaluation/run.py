@@ -1,6 +1,6 @@
 """Benchmark one system (one checkpoint, one or more decodings) and upsert its rows into a results JSON.
 
-    python -m fairseq_nat_ext.benchmark.run --benchmark mask_predict \\
+    python -m fairseq_nat_ext.evaluation.run --benchmark mask_predict \\
         --data-bin DATA_BIN --raw-ref /work/shared/data/multi30k/test_2016_flickr.de.gz \\
         --src-lang en --tgt-lang de --system-ckpt checkpoint_best.pt \\
         --decoding iter=4,len_beam=3 --decoding iter=10,len_beam=3 --distilled \\
@@ -35,14 +35,14 @@ from . import decoding as dec
 from . import results as res
 from . import scoring
 
-logger = logging.getLogger("fairseq_nat_ext.benchmark")
+logger = logging.getLogger("fairseq_nat_ext.evaluation")
 
 BATCH_SIZE_THROUGHPUT = 128
 
 
 def build_parser():
     p = argparse.ArgumentParser(
-        prog="python -m fairseq_nat_ext.benchmark.run",
+        prog="python -m fairseq_nat_ext.evaluation.run",
         description="Benchmark a fairseq checkpoint (BLEU, latency, throughput, iterations, "
         "repeat rate) and upsert its rows into a results JSON.",
     )
@@ -86,7 +86,9 @@ def build_parser():
                    help="set a further generation option read by the generator (a string), e.g. "
                         "npd_teacher=teacher.pt for nat_fertility's noisy parallel decoding (repeatable)")
     p.add_argument("--cuda", action="store_true", help="decode on CUDA when available")
-    p.add_argument("--no-plot", action="store_true", help="do not redraw <benchmark>.png")
+    p.add_argument("--no-plot", action="store_true",
+                   help="accepted for old scripts and ignored: this harness draws no plot (the repository's "
+                   "python -m benchmarks.plot OUT.json draws <benchmark>.png)")
     p.add_argument("--command", help="text of the results' 'command' field")
     return p
 
@@ -402,7 +404,7 @@ def main(argv=None):
         set_threads(args.threads)
     hardware = provenance.hardware_description(args.device)
     command = args.command or " ".join(
-        ["python -m fairseq_nat_ext.benchmark.run"] + [shlex.quote(a) for a in argv]
+        ["python -m fairseq_nat_ext.evaluation.run"] + [shlex.quote(a) for a in argv]
     )
     data = args.data_name or (
         (f"{args.data_bin} [{args.subset}, {args.src_lang}->{args.tgt_lang}], " if args.data_bin
@@ -430,12 +432,6 @@ def main(argv=None):
         benchmark_system(args, refs, tok_refs, save_row)
     if args.reference_row:
         save_row(*reference_row(args, refs, tok_refs))
-    if not args.no_plot:
-        from .plot import plot_results
-
-        png = plot_results(results, os.path.join(os.path.dirname(args.out) or ".",
-                                                 f"{args.benchmark}.png"))
-        logger.info("plot: %s", png)
     return 0
 
 

@@ -1,10 +1,11 @@
-"""The attention speed/memory study's results file (``benchmark/attention_speed.py``): validation and
-the README tables (times and peak memory per variant and length, then each variant against the
+"""The attention speed/memory study's results file (``benchmarks/attention_speed.py``): validation and
+the tables of docs/benchmarks.md (times and peak memory per variant and length, then each variant against the
 issue's bars: speed-up over ``full``, memory against ``full_explicit`` and ``full``, growth from
 8192 to 16384, and speed against the peer package at 4096)."""
 
+from fairseq_nat_ext.evaluation.results import check_timing_results, command_lines
+
 from .attention_peers import PEERS
-from .results import check_timing_results, command_lines
 
 SPEED_KEYS = ("variant", "impl", "n", "device", "fwd_bwd_ms", "peak_mem_mb", "oom")
 PEER_OF = {variant: name for name, (_, variant) in PEERS.items()}  # our variant -> its peer package
@@ -95,7 +96,7 @@ def markdown_table(results):
     return "\n".join(lines) + "\n"
 
 
-# ---- ListOps accuracy (benchmark/attention_listops.py) -------------------------------------------------
+# ---- ListOps accuracy (benchmarks/attention_listops.py) ------------------------------------------------
 
 LISTOPS_KEYS = ("variant", "options", "max_length", "accuracy", "majority_rate", "train_updates", "sec_per_update")
 

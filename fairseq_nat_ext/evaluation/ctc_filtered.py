@@ -1,6 +1,6 @@
 """Count the training pairs a CTC checkpoint (``ctc_nat`` / ``imputer``) cannot align.
 
-    python -m fairseq_nat_ext.benchmark.ctc_filtered --ckpt ctc.pt --data-bin DATA_BIN \\
+    python -m fairseq_nat_ext.evaluation.ctc_filtered --ckpt ctc.pt --data-bin DATA_BIN \\
         --src-lang en --tgt-lang de [--subset train]
 
 A pair is infeasible when ``upsample_ratio * source length`` (``</s>`` included: the encoder states)
@@ -40,7 +40,7 @@ def count_infeasible(dataset, ratio, pad, eos):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m fairseq_nat_ext.benchmark.ctc_filtered",
+    p = argparse.ArgumentParser(prog="python -m fairseq_nat_ext.evaluation.ctc_filtered",
                                 description="count training pairs a CTC checkpoint cannot align")
     p.add_argument("--ckpt", required=True, help="ctc_nat or imputer checkpoint")
     p.add_argument("--data-bin", required=True)

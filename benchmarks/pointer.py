@@ -1,6 +1,6 @@
 """The pointer-network benchmark (Vinyals et al. 2015, tables 1-2 on CPU-sized budgets).
 
-    python -m fairseq_nat_ext.benchmark.pointer --work-dir runs/pointer \
+    python -m benchmarks.pointer --work-dir runs/pointer \
         --out benchmarks/results/pointer.json [--stages data,train,eval] [--experiments ...] [--archs ...]
 
 Experiments (``--experiments``, default all):
@@ -38,10 +38,11 @@ import time
 
 import numpy as np
 
-from . import pointer_metrics as pm
+from fairseq_nat_ext.evaluation import pointer_metrics as pm
+
+from . import REPO
 from . import pointer_results as pr
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXPERIMENTS = {
     "hull50": ("convex_hull", "50", (50,)),
     "hull5-50": ("convex_hull", "5-50", (5, 10, 50, 100, 200)),
@@ -66,7 +67,7 @@ def ckpt_dir(work, exp, arch):
 
 
 def _write(problem, n, count, seed, path, lkh_runs):
-    from ..data import pointer_geometry
+    from fairseq_nat_ext.data import pointer_geometry
 
     if os.path.exists(path):
         return
@@ -173,8 +174,8 @@ def stage_eval(args, exps, archs):
 
     import fairseq_nat_ext  # noqa: F401  (registration)
     from .pointer_plots import plot_examples
-    from .provenance import hardware_description, resolve_training_stats
-    from ..generators.pointer import PointerGenerator
+    from fairseq_nat_ext.evaluation.provenance import hardware_description, resolve_training_stats
+    from fairseq_nat_ext.generators.pointer import PointerGenerator
 
     torch.set_num_threads(args.threads)
     device = "cuda" if args.cuda and torch.cuda.is_available() else "cpu"
@@ -186,7 +187,7 @@ def stage_eval(args, exps, archs):
     else:
         results = pr.new_results("", args.threads, "", benchmark=args.benchmark)
     results.update(hardware=hardware_description(device), threads=args.threads,
-                   command=args.command or "python -m fairseq_nat_ext.benchmark.pointer " + " ".join(sys.argv[1:]))
+                   command=args.command or "python -m benchmarks.pointer " + " ".join(sys.argv[1:]))
     plots = {}
     for exp in exps:
         problem, n_train, tests = EXPERIMENTS[exp]
@@ -230,7 +231,7 @@ def stage_eval(args, exps, archs):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m fairseq_nat_ext.benchmark.pointer", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.pointer", description=__doc__.split("\n\n")[0])
     p.add_argument("--work-dir", default=os.path.join(REPO, "runs", "pointer"))
     p.add_argument("--out", default=None, help="results file [benchmarks/results/<benchmark>.json]")
     p.add_argument("--benchmark", default=pr.BENCHMARK,

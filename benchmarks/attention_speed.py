@@ -1,6 +1,6 @@
 """Speed and memory of one self-attention layer, forward + backward, per variant and length.
 
-    python -m fairseq_nat_ext.benchmark.attention_speed --out benchmarks/results/attention_speed.json \\
+    python -m benchmarks.attention_speed --out benchmarks/results/attention_speed.json \\
         [--n 512 1024 2048 4096 8192 16384] [--variants full full_explicit local ...] [--peers [NAME ...]] \\
         [--threads 2] [--device cpu|cuda] [--timeout 900] [--mem-limit-gb 20] [--update] [--rounds 2]
 
@@ -27,6 +27,8 @@ import statistics
 import subprocess
 import sys
 import time
+
+from . import repo_env
 
 DEFAULT_N = [512, 1024, 2048, 4096, 8192, 16384]
 HEADS, HEAD_DIM = 8, 64
@@ -90,7 +92,7 @@ def child(variant, n, device, threads, mem_limit_gb):
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     impl = "ours"
     if variant.startswith("peer:"):
-        from fairseq_nat_ext.benchmark.attention_peers import build_peer
+        from benchmarks.attention_peers import build_peer
 
         impl, (fn, options, variant) = variant, build_peer(variant.split(":", 1)[1], n, HEADS, HEAD_DIM, device)
         make = lambda m: fn if m == n else build_peer(impl.split(":", 1)[1], m, HEADS, HEAD_DIM, device)[0]  # noqa: E731
@@ -135,9 +137,9 @@ def child(variant, n, device, threads, mem_limit_gb):
 
 
 def run_one(variant, n, args):
-    cmd = [sys.executable, "-m", "fairseq_nat_ext.benchmark.attention_speed", "--child", variant, str(n),
+    cmd = [sys.executable, "-m", "benchmarks.attention_speed", "--child", variant, str(n),
            "--device", args.device, "--threads", str(args.threads), "--mem-limit-gb", str(args.mem_limit_gb)]
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
+    env = repo_env(dict(os.environ, OMP_NUM_THREADS=str(args.threads)))
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
     except subprocess.TimeoutExpired:
@@ -206,13 +208,13 @@ def main(argv=None):
         p.error(f"unknown variants {unknown} (known: {', '.join(VARIANTS)})")
     jobs = list(args.variants)
     if args.peers is not None:
-        from fairseq_nat_ext.benchmark.attention_peers import PEERS, available_peers
+        from benchmarks.attention_peers import PEERS, available_peers
 
         wrong = [name for name in args.peers if name not in PEERS]
         if wrong:
             p.error(f"unknown peers {wrong} (known: {', '.join(PEERS)})")
         jobs += [f"peer:{name}" for name in available_peers() if not args.peers or name in args.peers]
-    from fairseq_nat_ext.benchmark.provenance import hardware_description
+    from fairseq_nat_ext.evaluation.provenance import hardware_description
 
     by_job = {}
     for r in range(args.rounds):  # whole passes one after the other: a slow spell of the machine hits every row
@@ -224,7 +226,7 @@ def main(argv=None):
                       f"N={n:>6} {row['fwd_bwd_ms']} ms  {row['peak_mem_mb']} MB  oom={row['oom']}",
                       file=sys.stderr, flush=True)
     rows = [combine_rounds(runs) for runs in by_job.values()]
-    command = "python -m fairseq_nat_ext.benchmark.attention_speed " + " ".join(
+    command = "python -m benchmarks.attention_speed " + " ".join(
         a for a in (argv if argv is not None else sys.argv[1:]))
     if args.update and os.path.exists(args.out):
         with open(args.out) as f:

@@ -1,6 +1,6 @@
 """ListOps accuracy per attention variant, with one fixed training budget for every row.
 
-    python -m fairseq_nat_ext.benchmark.attention_listops --data DIR --no-brackets-data DIR_NB \\
+    python -m benchmarks.attention_listops --data DIR --no-brackets-data DIR_NB \\
         --out benchmarks/results/attention_listops.json --work runs/listops \\
         [--variants full local ...] [--max-update 1500] [--threads 2]
 
@@ -21,9 +21,11 @@ import subprocess
 import sys
 from collections import Counter
 
-from fairseq_nat_ext.benchmark.provenance import hardware_description, training_stats_from_log
+from fairseq_nat_ext.evaluation.provenance import hardware_description, training_stats_from_log
 
-PLUGIN = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from . import REPO
+
+PLUGIN = os.path.join(REPO, "fairseq_nat_ext")
 
 # variant -> fairseq options (CPU-sized: windows/blocks scaled to ListOps lengths of <= 2k)
 SETTINGS = {
@@ -140,7 +142,7 @@ def main(argv=None):
         with open(args.out) as f:
             rows = json.load(f).get("rows", [])
 
-    command = "python -m fairseq_nat_ext.benchmark.attention_listops " + " ".join(argv or sys.argv[1:])
+    command = "python -m benchmarks.attention_listops " + " ".join(argv or sys.argv[1:])
 
     def upsert(row):
         row["hardware"] = hardware_description("cpu")
