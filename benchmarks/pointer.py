@@ -175,7 +175,7 @@ def stage_eval(args, exps, archs):
     import fairseq_nat_ext  # noqa: F401  (registration)
     from .pointer_plots import plot_examples
     from fairseq_nat_ext.evaluation.provenance import hardware_description, resolve_training_stats
-    from fairseq_nat_ext.generators.pointer import PointerGenerator
+    from fairseq_nat_ext.generators.pointer_geometry import PointerGenerator
 
     torch.set_num_threads(args.threads)
     device = "cuda" if args.cuda and torch.cuda.is_available() else "cpu"

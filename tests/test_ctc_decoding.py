@@ -6,7 +6,7 @@ from collections import defaultdict
 import pytest
 import torch
 
-from fairseq_nat_ext.generators.ctc import ctc_greedy, ctc_prefix_beam_search
+from fairseq_nat_ext.generators.ctc_nat import ctc_greedy, ctc_prefix_beam_search
 from test_ctc_oracle import slow_collapse
 
 BLANK, PAD = 0, 7

@@ -106,7 +106,7 @@ def test_criterion_filters_and_counts_infeasible_pairs(built):
 def test_filtered_counts_are_summed_in_the_logs():
     from fairseq import metrics
 
-    from fairseq_nat_ext.criterions.ctc_loss import CTCNATLoss
+    from fairseq_nat_ext.criterions.ctc_nat_loss import CTCNATLoss
 
     logs = [{"loss": 1.0, "nll_loss": 1.0, "sample_size": 1, "ctc_filtered": 2, "ctc_pairs": 10},
             {"loss": 1.0, "nll_loss": 1.0, "sample_size": 1, "ctc_filtered": 1, "ctc_pairs": 7}]
@@ -127,7 +127,7 @@ def test_bad_upsample_ratio_is_a_one_line_input_error(toy_databin, ratio):
 
 
 def test_greedy_generator_matches_the_model_argmax(built):
-    from fairseq_nat_ext.generators.ctc import CTCGenerator, ctc_greedy
+    from fairseq_nat_ext.generators.ctc_nat import CTCGenerator, ctc_greedy
 
     task, model, _ = built
     pad, eos = task.source_dictionary.pad(), task.source_dictionary.eos()
@@ -152,7 +152,7 @@ def test_greedy_generator_matches_the_model_argmax(built):
 
 def test_decoding_strings_reach_the_ctc_and_imputer_generators(toy_databin, built):
     from fairseq_nat_ext.evaluation import decoding as dec
-    from fairseq_nat_ext.generators.ctc import CTCGenerator
+    from fairseq_nat_ext.generators.ctc_nat import CTCGenerator
     from fairseq_nat_ext.generators.imputer import ImputerGenerator
 
     task, model, _ = built

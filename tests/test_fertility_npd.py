@@ -6,7 +6,7 @@ import torch.nn as nn
 
 from conftest import build_model_and_task
 from fairseq_nat_ext.compat import InputError
-from fairseq_nat_ext.generators.npd import (NPDGenerator, candidate_fertilities, teacher_forced_inputs,
+from fairseq_nat_ext.generators.nat_fertility import (NPDGenerator, candidate_fertilities, teacher_forced_inputs,
                                             teacher_scores)
 
 
@@ -181,7 +181,7 @@ def test_npd_decodes_and_scores_each_distinct_candidate_once(model_task):
 
 
 def test_length_chunks():
-    from fairseq_nat_ext.generators.npd import length_chunks
+    from fairseq_nat_ext.generators.nat_fertility import length_chunks
 
     lengths = torch.tensor([5, 1, 9, 3, 3, 40, 2])
     groups = length_chunks(lengths, max_tokens=10)
@@ -195,7 +195,7 @@ def test_length_chunks():
 def test_npd_in_length_groups_equals_one_pass(model_task, monkeypatch):
     """A small NPD_CHUNK_TOKENS splits the candidates of a batch into several decoder and teacher
     passes; hypotheses, scores and every candidate's score stay the same."""
-    from fairseq_nat_ext.generators import npd
+    from fairseq_nat_ext.generators import nat_fertility as fertility_gen
 
     task, model, _ = model_task
     teacher = FakeTeacher(len(task.target_dictionary) - 1)
@@ -208,7 +208,7 @@ def test_npd_in_length_groups_equals_one_pass(model_task, monkeypatch):
 
     one = run()
     assert teacher.decoder.calls == 1
-    monkeypatch.setattr(npd, "NPD_CHUNK_TOKENS", 24)
+    monkeypatch.setattr(fertility_gen, "NPD_CHUNK_TOKENS", 24)
     teacher.decoder.calls = 0
     many = run()
     assert teacher.decoder.calls > 2
@@ -332,7 +332,7 @@ def test_one_source_groups_share_cross_attention_and_match_fairseqs_forwards(mod
     scores and positional scores as fairseq's own forwards over the output expanded to every row."""
     from fairseq import options, tasks
 
-    from fairseq_nat_ext.generators import npd
+    from fairseq_nat_ext.generators import nat_fertility as fertility_gen
 
     task, model, _ = model_task
     args = options.parse_args_and_arch(options.get_training_parser(), [
@@ -350,8 +350,8 @@ def test_one_source_groups_share_cross_attention_and_match_fairseqs_forwards(mod
     try:
         for fast in (True, False):
             if not fast:  # fairseq's forwards on the expanded encoder output
-                monkeypatch.setattr(npd, "cross_attention_rows", lambda enc, out, order: enc.reorder_encoder_out(out, order))
-                monkeypatch.setattr(npd.packed, "supports_decoder", lambda decoder: False)
+                monkeypatch.setattr(fertility_gen, "cross_attention_rows", lambda enc, out, order: enc.reorder_encoder_out(out, order))
+                monkeypatch.setattr(fertility_gen.packed, "supports_decoder", lambda decoder: False)
                 monkeypatch.setattr(model.decoder, "packed_features", None, raising=False)
             key_batches.clear()
             outs = []

@@ -7,7 +7,7 @@ import torch
 
 from conftest import build_model_and_task
 from fairseq_nat_ext.criterions.imputer_loss import ImputerLoss
-from fairseq_nat_ext.generators.ctc import ctc_greedy
+from fairseq_nat_ext.generators.ctc_nat import ctc_greedy
 from fairseq_nat_ext.generators.imputer import ImputerGenerator, block_fill_positions
 from fairseq_nat_ext.models.nat.imputer import block_mask
 from fairseq_nat_ext.oracles.ctc_alignment import ctc_best_alignment, ctc_collapse

@@ -62,7 +62,7 @@ def test_loss_equals_explicit_per_slot_computation(model_task, tau):
 
 def test_decoding_inserts_in_parallel_and_stops(model_task):
     model, task = model_task
-    from fairseq_nat_ext.generators.edit import InsertionGenerator
+    from fairseq_nat_ext.generators.insertion import InsertionGenerator
 
     gen = InsertionGenerator([model], task.target_dictionary, max_iter=4)
     for (h,) in gen.generate([model], batch(task, 4)):
@@ -89,7 +89,7 @@ def test_sequential_decoding_inserts_one_token_per_round(model_task):
     model, task = model_task
     from types import SimpleNamespace
 
-    from fairseq_nat_ext.generators.edit import InsertionGenerator
+    from fairseq_nat_ext.generators.insertion import InsertionGenerator
 
     gen = InsertionGenerator([model], task.target_dictionary, max_iter=4, placeholder_penalty=50.0,
                              retain_history=True)

@@ -166,7 +166,7 @@ def test_paper_rollin_is_cut_at_twice_the_target_length(model_task, monkeypatch)
 
 def test_decoding_runs_rounds_and_traces(model_task):
     model, task = model_task
-    from fairseq_nat_ext.generators.edit import EditGenerator
+    from fairseq_nat_ext.generators.levenshtein import EditGenerator
 
     gen = EditGenerator([model], task.target_dictionary, max_iter=3, retain_history=True)
     hyps = gen.generate([model], toy_batch(task, 4))

@@ -106,7 +106,7 @@ def test_prefix_tree_against_brute_force():
 def test_tree_teacher_scores_equal_fairseqs_forward_on_rows_sharing_prefixes(toy_databin):
     """One source's candidates sharing prefixes (and one repeated): scored over the prefix tree's nodes,
     the same mean log-probabilities as fairseq's decoder over every padded row."""
-    from fairseq_nat_ext.generators.npd import teacher_forced_inputs, teacher_scores
+    from fairseq_nat_ext.generators.nat_fertility import teacher_forced_inputs, teacher_scores
     from fairseq_nat_ext.generators.projection import target_log_probs
 
     for extra in ((), ("--decoder-normalize-before",)):

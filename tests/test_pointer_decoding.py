@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fairseq_nat_ext  # noqa: F401
-from fairseq_nat_ext.generators.pointer import PointerGenerator
+from fairseq_nat_ext.generators.pointer_geometry import PointerGenerator
 from fairseq_nat_ext.generators.pointer_constraints import build_constraint
 from fairseq_nat_ext.models.pointer.common import reorder_batch
 from fairseq_nat_ext.tasks.pointer_geometry import position_dictionary

@@ -167,7 +167,7 @@ def test_training_passes(built):
 @pytest.mark.parametrize("adaptive", [True, False])
 def test_decoding_stops_when_the_output_no_longer_changes(built, adaptive):
     task, model, _ = built
-    from fairseq_nat_ext.generators.refinement import RefinementGenerator
+    from fairseq_nat_ext.generators.iterative_refinement import RefinementGenerator
 
     model.eval()
     task.load_dataset("test")
@@ -200,7 +200,7 @@ def test_batched_decoding_matches_a_sentence_by_sentence_reference(built):
     """The generator against a slow loop: one sentence at a time, argmax length, pass 1 from the copied
     source, then refine until a pass returns its input or max_iter passes."""
     task, model, _ = built
-    from fairseq_nat_ext.generators.refinement import RefinementGenerator
+    from fairseq_nat_ext.generators.iterative_refinement import RefinementGenerator
 
     model.eval()
     task.load_dataset("test")

@@ -28,13 +28,14 @@ from hypothesis import strategies as st
 from conftest import build_model_and_task
 
 import fairseq_nat_ext  # noqa: F401
-from fairseq_nat_ext.generators.ctc import CTCGenerator
-from fairseq_nat_ext.generators.edit import EditGenerator, InsertionGenerator
+from fairseq_nat_ext.generators.ctc_nat import CTCGenerator
+from fairseq_nat_ext.generators.insertion import InsertionGenerator
+from fairseq_nat_ext.generators.levenshtein import EditGenerator
 from fairseq_nat_ext.generators.imputer import ImputerGenerator
 from fairseq_nat_ext.generators.kermit import KermitGenerator
 from fairseq_nat_ext.generators.mask_predict import MaskPredictGenerator
-from fairseq_nat_ext.generators.npd import NPDGenerator
-from fairseq_nat_ext.generators.refinement import RefinementGenerator
+from fairseq_nat_ext.generators.nat_fertility import NPDGenerator
+from fairseq_nat_ext.generators.iterative_refinement import RefinementGenerator
 from fairseq_nat_ext.modules.attention import ATTENTION_REGISTRY, AttentionOptions, EfficientSelfAttention
 
 OPTS = AttentionOptions(attention_window=2, attention_stride=3, strided_window=1, global_tokens=2,

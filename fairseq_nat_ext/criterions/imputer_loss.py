@@ -15,7 +15,7 @@ from fairseq.criterions import register_criterion
 from fairseq.dataclass import ChoiceEnum
 
 from ..oracles.ctc_alignment import restrict_to_observed
-from .ctc_loss import CTCLossBase, ctc_nll, smoothing_term, upcast
+from .ctc_nat_loss import CTCLossBase, ctc_nll, smoothing_term, upcast
 from .nat_base import NATLossConfig, label_smoothed_nll
 
 IMPUTER_LOSSES = ChoiceEnum(["marginal", "best_alignment"])

@@ -21,7 +21,7 @@ import math
 import torch
 
 from ..oracles.ctc_alignment import alignment_token_scores, ctc_collapse
-from .ctc import CTCGenerator
+from .ctc_nat import CTCGenerator
 
 NEG_INF = float("-inf")
 

@@ -23,9 +23,8 @@ are dropped from the right.  ``steps`` counts the decoder passes of each row.
 import torch
 
 from ..compat import InputError
-from ..models.nat.edit_ops import fill_placeholders, insert_placeholders, pad_to, trim
+from ..models.nat.edit_ops import fill_placeholders, insert_placeholders, pad_to, spread_scores, trim
 from ..models.nat.kermit import absent_like, first_eos, pair_canvas
-from .edit import _spread
 
 GAP_SYMBOL = "<gap>"
 GENERATE_MODES = ("translate", "joint", "marginal", "cloze")
@@ -174,9 +173,9 @@ class KermitGenerator:
             return tokens, open_, scores
         grown = insert_placeholders(tokens, ins.long(), self.pad, self.mask, max_len=self.max_len)
         placed = grown.eq(self.mask)
-        new_open = _spread(open_, tokens, grown, self.mask, self.pad)
+        new_open = spread_scores(open_, tokens, grown, self.mask, self.pad)
         new_open[placed] = True  # the slot after an inserted token stays open
-        new_scores = _spread(scores, tokens, grown, self.mask, self.pad)
+        new_scores = spread_scores(scores, tokens, grown, self.mask, self.pad)
         take = ins & (torch.cumsum(ins.long(), 1) <= placed.sum(1, keepdim=True))  # cut by max_len
         grown = fill_placeholders(grown, best[take], self.mask)
         new_scores[placed] = best_lp[take].to(scores.dtype)

@@ -216,7 +216,7 @@ class PointerGeometryTask(FairseqTask):
         return model
 
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, **unused):
-        from ..generators.pointer import PointerGenerator
+        from ..generators.pointer_geometry import PointerGenerator
 
         for m in models:
             if not hasattr(m, "decode_step"):

@@ -8,7 +8,7 @@ included) gives an alignment of L = r * n positions; padding is moved behind the
 Transformer decoder without the causal mask whose input at position t is the t-th upsampled state
 plus its position embedding; it attends to the encoder and predicts, per position, a token or
 ``<blank>``.  Loss: CTC (criterion ``ctc_nat_loss``).  Output: the collapsed alignment (merge repeats,
-drop blanks; ``generators/ctc.py``), no length prediction.
+drop blanks; ``generators/ctc_nat.py``), no length prediction.
 
 ``<blank>``: the model appends a ``<blank>`` symbol to the task's dictionaries when it is built (after
 ``<mask>``).  It is not added by the task for every NAT model, so the embeddings of existing
@@ -135,7 +135,7 @@ class CTCNATModel(PluginNATModel):
 
     @property
     def generator_class(self):
-        from ...generators.ctc import CTCGenerator
+        from ...generators.ctc_nat import CTCGenerator
 
         return CTCGenerator
 

@@ -84,3 +84,12 @@ def random_delete(tokens: Tensor, pad: int, bos: int, eos: int, generator=None) 
     rank = score.argsort(1).argsort(1)  # content tokens get ranks 0..n-1 in random order
     delete = content & (rank >= keep_n.unsqueeze(1))
     return delete_tokens(tokens, delete, pad, bos, eos)
+
+
+def spread_scores(scores: Tensor, old: Tensor, new: Tensor, mask: int, pad: int) -> Tensor:
+    """Per-token scores of ``old`` (N, T) follow their tokens into ``new``, the rows grown by
+    ``insert_placeholders`` (placeholders and padding get 0 until filled)."""
+    out = scores.new_zeros(new.shape)
+    kept = new.ne(mask) & new.ne(pad)
+    out[kept] = scores[old.ne(pad)]
+    return out

@@ -7,7 +7,7 @@ slot, a distribution over the vocabulary in which ``</s>`` means "nothing more t
 random deletion noise); the loss of every slot is the oracle's (``fairseq_nat_ext.oracles.insertion``)
 weighted cross-entropy over its missing span -- ``--insertion-loss binary_tree`` (temperature
 ``--insertion-tau``) or ``uniform`` -- or the end-of-slot label when the span is
-empty; slot losses are averaged.  Decoding (``generators/edit.py``) inserts the argmax token in
+empty; slot losses are averaged.  Decoding (``generators/insertion.py``) inserts the argmax token in
 every slot whose argmax is not end-of-slot, in parallel, until no slot inserts.
 """
 
@@ -49,7 +49,7 @@ class InsertionModel(EditNATModel):
 
     @property
     def generator_class(self):
-        from ...generators.edit import InsertionGenerator
+        from ...generators.insertion import InsertionGenerator
 
         return InsertionGenerator
 

@@ -1,6 +1,6 @@
 """Deterministic non-autoregressive translation by iterative refinement (Lee et al., 2018), arch
 ``iterative_refinement`` (+ ``_small``, ``_tiny``); criterion ``iterative_refinement_loss``, generator
-``generators/refinement.py``.
+``generators/iterative_refinement.py``.
 
 * Encoder: fairseq's Transformer encoder (attention registry); the target length is predicted from
   the mean-pooled encoder states (Mask-Predict's length classifier, ``--length-classes``,
@@ -16,7 +16,7 @@
   ``--corrupt-repeat``, swapped with it with ``--corrupt-swap`` (``models/nat/corruption.py``).  The
   loss is the mean over the L passes of each pass' cross-entropy against the reference, plus the
   length loss.  In evaluation mode (validation) no corruption is drawn.
-* Decoding (``generators/refinement.py``) stops adaptively when a pass leaves its input unchanged, or
+* Decoding (``generators/iterative_refinement.py``) stops adaptively when a pass leaves its input unchanged, or
   after ``--iter-decode-max-iter`` passes.
 """
 import torch
@@ -101,7 +101,7 @@ class IterativeRefinementModel(MaskPredictModel):
 
     @property
     def generator_class(self):
-        from ...generators.refinement import RefinementGenerator
+        from ...generators.iterative_refinement import RefinementGenerator
 
         return RefinementGenerator
 

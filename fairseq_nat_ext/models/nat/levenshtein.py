@@ -94,7 +94,7 @@ class LevenshteinModel(EditNATModel):
 
     @property
     def generator_class(self):
-        from ...generators.edit import EditGenerator
+        from ...generators.levenshtein import EditGenerator
 
         return EditGenerator
 

@@ -1,5 +1,5 @@
 """Non-autoregressive Transformer with fertility (Gu et al., 2018), arch ``nat_fertility`` (+ ``_small``,
-``_tiny``); criterion ``nat_fertility_loss``, generator ``generators/npd.py``.
+``_tiny``); criterion ``nat_fertility_loss``, generator ``generators/nat_fertility.py``.
 
 * Encoder: fairseq's Transformer encoder (with the attention registry).  On top of it a fertility
   classifier (Linear -> ReLU -> Linear) predicts, for every source token, a fertility 0..F
@@ -246,7 +246,7 @@ class FertilityNATModel(PluginNATModel):
 
     @property
     def generator_class(self):
-        from ...generators.npd import NPDGenerator
+        from ...generators.nat_fertility import NPDGenerator
 
         return NPDGenerator
 

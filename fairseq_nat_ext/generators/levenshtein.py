@@ -1,4 +1,5 @@
-"""Decoding of edit-based models (Levenshtein Transformer), batched on tensors.
+"""Levenshtein Transformer decoding (model ``levenshtein``), batched on tensors.  The insertion
+model's generator (``generators/insertion.py``) subclasses it.
 
 Start from ``<s> </s>`` and repeat, for at most ``--iter-decode-max-iter`` rounds:
 1. delete: drop every token the deletion classifier marks (never ``<s>``/``</s>``);
@@ -14,7 +15,8 @@ with ``--retain-iter-history``, one entry per operation: {"op": "delete"|"insert
 
 import torch
 
-from ..models.nat.edit_ops import delete_tokens, fill_placeholders, insert_placeholders, rows_equal, trim
+from ..models.nat.edit_ops import (delete_tokens, fill_placeholders, insert_placeholders, rows_equal,
+                                   spread_scores, trim)
 
 
 class EditGenerator:
@@ -57,7 +59,7 @@ class EditGenerator:
         counts = lp.argmax(-1)
         if counts.any():
             grown = insert_placeholders(tokens, counts, pad, self.mask, max_len=self.max_len)
-            scores = _spread(scores, tokens, grown, self.mask, pad)
+            scores = spread_scores(scores, tokens, grown, self.mask, pad)
             tokens = grown
             self._log(history, "insert", tokens)
             holes = tokens.eq(self.mask)
@@ -131,51 +133,3 @@ def _close_up(scores_with_nan, width):
     order = torch.sort(gone.to(torch.uint8), dim=1, stable=True).indices
     return scores_with_nan.gather(1, order).nan_to_num(0.0)[:, :width]
 
-
-def _spread(scores, old, new, mask, pad):
-    """Scores follow their tokens into the grown rows (placeholders get 0 until filled)."""
-    out = scores.new_zeros(new.shape)
-    kept = new.ne(mask) & new.ne(pad)
-    out[kept] = scores[old.ne(pad)]
-    return out
-
-
-class InsertionGenerator(EditGenerator):
-    """Insertion Transformer decoding.  ``--insertion-decoding parallel`` (default): every slot whose
-    argmax is not end-of-slot (``</s>``) gets its argmax token, all slots at once, until no slot
-    inserts (``--iter-decode-max-iter`` rounds at most).  ``sequential``: greedy, one token per
-    round, in the slot whose best token is the most probable; it runs until every slot ends (at most
-    the decoder's max positions; ``--iter-decode-max-iter`` does not cut it).
-    ``--iter-decode-eos-penalty`` is subtracted from the end-of-slot log-probability."""
-
-    sequential = False
-
-    def configure(self, task_cfg):
-        mode = getattr(task_cfg, "insertion_decoding", "parallel")
-        if mode not in ("parallel", "sequential"):
-            raise ValueError(f"--insertion-decoding must be parallel or sequential, got '{mode}'")
-        self.sequential = mode == "sequential"
-        if self.sequential:
-            self.max_iter = max(self.max_iter, self.max_len)
-
-    def _round(self, model, tokens, scores, enc, history):
-        lp = model.decoder.forward_slots(tokens, enc, normalize=True).float()  # (N, S, V)
-        lp[..., [self.pad, self.bos, self.mask, self.unk]] = float("-inf")
-        lp[..., self.eos] -= self.penalty
-        best_lp, best = lp.max(-1)
-        slot_ok = torch.arange(lp.size(1), device=lp.device).unsqueeze(0) < (tokens.ne(self.pad).sum(1) - 1).unsqueeze(1)
-        ins = (best != self.eos) & slot_ok
-        if self.sequential:  # only the most probable insertion of each row
-            cand = best_lp.masked_fill(~ins, float("-inf"))
-            top = cand.argmax(1, keepdim=True)
-            ins = torch.zeros_like(ins).scatter_(1, top, True) & ins
-        if ins.any():
-            grown = insert_placeholders(tokens, ins.long(), self.pad, self.mask, max_len=self.max_len)
-            placed = grown.eq(self.mask)
-            scores = _spread(scores, tokens, grown, self.mask, self.pad)
-            # slots cut by max_len insert nothing: keep the first predictions of each row in order
-            take = ins & (torch.cumsum(ins.long(), 1) <= placed.sum(1, keepdim=True))
-            tokens = fill_placeholders(grown, best[take], self.mask)
-            scores[placed] = best_lp[take].to(scores.dtype)
-            self._log(history, "insert", tokens, changed=placed.any(1))
-        return tokens, scores
