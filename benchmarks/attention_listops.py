@@ -21,7 +21,7 @@ import subprocess
 import sys
 from collections import Counter
 
-from fairseq_nat_ext.evaluation.provenance import hardware_description, training_stats_from_log
+from fairseq_nat_ext.evaluation.provenance import hardware_description, portable_command, training_stats_from_log
 
 from . import REPO
 
@@ -142,7 +142,7 @@ def main(argv=None):
         with open(args.out) as f:
             rows = json.load(f).get("rows", [])
 
-    command = "python -m benchmarks.attention_listops " + " ".join(argv or sys.argv[1:])
+    command = "python -m benchmarks.attention_listops " + portable_command(argv or sys.argv[1:])
 
     def upsert(row):
         row["hardware"] = hardware_description("cpu")

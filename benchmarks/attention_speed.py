@@ -214,7 +214,7 @@ def main(argv=None):
         if wrong:
             p.error(f"unknown peers {wrong} (known: {', '.join(PEERS)})")
         jobs += [f"peer:{name}" for name in available_peers() if not args.peers or name in args.peers]
-    from fairseq_nat_ext.evaluation.provenance import hardware_description
+    from fairseq_nat_ext.evaluation.provenance import hardware_description, portable_command
 
     by_job = {}
     for r in range(args.rounds):  # whole passes one after the other: a slow spell of the machine hits every row
@@ -226,8 +226,8 @@ def main(argv=None):
                       f"N={n:>6} {row['fwd_bwd_ms']} ms  {row['peak_mem_mb']} MB  oom={row['oom']}",
                       file=sys.stderr, flush=True)
     rows = [combine_rounds(runs) for runs in by_job.values()]
-    command = "python -m benchmarks.attention_speed " + " ".join(
-        a for a in (argv if argv is not None else sys.argv[1:]))
+    command = "python -m benchmarks.attention_speed " + portable_command(
+        argv if argv is not None else sys.argv[1:])
     if args.update and os.path.exists(args.out):
         with open(args.out) as f:
             old = json.load(f)

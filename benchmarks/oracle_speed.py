@@ -85,7 +85,7 @@ def main(argv=None):
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from fairseq_nat_ext.evaluation.provenance import hardware_description
+    from fairseq_nat_ext.evaluation.provenance import hardware_description, portable_command
 
     rows = []
     for b in args.batch:
@@ -102,7 +102,8 @@ def main(argv=None):
         print(f"[oracle_speed] batch {b}: ours {ms_ours:.1f} ms, libnat {ms_lib:.1f} ms, same counts: {same}",
               file=sys.stderr)
     out = {"benchmark": "oracle", "hardware": hardware_description(args.device), "threads": args.threads,
-           "command": "python -m benchmarks.oracle_speed " + " ".join(argv if argv is not None else sys.argv[1:]),
+           "command": "python -m benchmarks.oracle_speed "
+                      + portable_command(argv if argv is not None else sys.argv[1:]),
            "rows": rows}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:

@@ -174,7 +174,8 @@ def stage_eval(args, exps, archs):
 
     import fairseq_nat_ext  # noqa: F401  (registration)
     from .pointer_plots import plot_examples
-    from fairseq_nat_ext.evaluation.provenance import hardware_description, resolve_training_stats
+    from fairseq_nat_ext.evaluation.provenance import (hardware_description, portable_command, portable_text,
+                                                       resolve_training_stats)
     from fairseq_nat_ext.generators.pointer_geometry import PointerGenerator
 
     torch.set_num_threads(args.threads)
@@ -187,7 +188,8 @@ def stage_eval(args, exps, archs):
     else:
         results = pr.new_results("", args.threads, "", benchmark=args.benchmark)
     results.update(hardware=hardware_description(device), threads=args.threads,
-                   command=args.command or "python -m benchmarks.pointer " + " ".join(sys.argv[1:]))
+                   command=portable_text(args.command)
+                   or "python -m benchmarks.pointer " + portable_command(sys.argv[1:]))
     plots = {}
     for exp in exps:
         problem, n_train, tests = EXPERIMENTS[exp]

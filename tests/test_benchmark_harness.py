@@ -152,7 +152,7 @@ def _results(rows=None):
                      iterations=14.2, hyp="benchmarks/results/mask_predict/fairseq_transformer__beam=5.txt"),
         _row(system="reference", decoding="none", distilled=False, bleu=100.0, tok_bleu=100.0,
              latency_ms_b1=0.0, sent_per_s_b128=0.0, iterations=0.0, train_updates=0,
-             train_wall_s=0.0, hyp="/work/shared/data/multi30k/test_2016_flickr.de.gz"),
+             train_wall_s=0.0, hyp="../shared/data/multi30k/test_2016_flickr.de.gz"),
     ]
     return r
 
@@ -273,6 +273,37 @@ def test_arch_and_system_name():
     assert "cores" in provenance.hardware_description("cpu")
 
 
+def test_portable_paths_name_no_machine(tmp_path, monkeypatch):
+    """Results record paths relative to the repository root (``../shared/x`` next to it), never absolute."""
+    repo = tmp_path / "checkout"
+    (repo / ".git").mkdir(parents=True)
+    (repo / "runs").mkdir()
+    monkeypatch.chdir(repo / "runs")
+    assert provenance.repository_root() == str(repo)
+    assert provenance.portable_path(str(repo / "runs" / "data-bin")) == "runs/data-bin"
+    assert provenance.portable_path("data-bin") == "runs/data-bin"  # a relative path is read from the cwd
+    assert provenance.portable_path(str(tmp_path / "shared" / "t.pt")) == "../shared/t.pt"
+    assert provenance.portable_path("") == ""
+    words = ["--data-bin", str(repo / "runs" / "d"), "--system-ckpt", f"{repo}/a.pt:{repo}/b.pt",
+             "--generation-option", f"npd_teacher={tmp_path}/shared/t.pt", f"--out={repo}/o.json",
+             "--decoding", "iter=10,len_beam=3", "a b"]
+    assert provenance.portable_command(words) == (
+        "--data-bin runs/d --system-ckpt a.pt:b.pt --generation-option npd_teacher=../shared/t.pt "
+        "--out=o.json --decoding iter=10,len_beam=3 'a b'")
+    text = (f"training: INIT_FROM={tmp_path}/shared/t.pt (see {repo}/runs/x.) DATA_BIN={repo}/runs/d, "
+            f"2 words/s, en->de, ratio 1 / 2; RAW_REF='{tmp_path}/shared/ref.gz'")
+    assert provenance.portable_text(text) == (
+        "training: INIT_FROM=../shared/t.pt (see runs/x.) DATA_BIN=runs/d, 2 words/s, en->de, ratio 1 / 2; "
+        "RAW_REF='../shared/ref.gz'")
+    assert provenance.portable_text(None) is None
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    monkeypatch.chdir(outside)
+    if provenance.repository_root() is None:  # outside a checkout: relative to the current directory
+        assert provenance.portable_path(str(outside / "x.json")) == "x.json"
+        assert provenance.portable_path(str(tmp_path / "shared")) == "../shared"
+
+
 # ---- tables and docs/benchmarks.md ---------------------------------------------------------------
 def test_markdown_table_and_docs_markers(tmp_path, capsys):
     path = tmp_path / "mask_predict.json"
@@ -381,6 +412,7 @@ def test_end_to_end_teacher_beam1(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = res.load_results(out)  # validates the schema
+    assert str(tmp_path) not in results["command"] + results["data"]  # recorded relative, not absolute
     rows = {(r["system"], r["decoding"]): r for r in results["rows"]}
     assert set(rows) == {("fairseq:transformer", "beam=1"), ("fairseq:transformer", "beam=1,dedup=1"),
                          ("reference", "none")}

@@ -9,12 +9,81 @@ explicit values (CLI), a fairseq training log, or the checkpoint:
   Stripped checkpoints (e.g. the shared teacher) may lack the time: then it must be given.
 * log: the last line of a ``fairseq-train`` log that reports both ``num_updates`` and ``wall``
   (``train_inner`` or end-of-epoch ``train`` lines; simple, tqdm or JSON log format).
+
+Paths and commands in results name no machine: :func:`portable_path`, :func:`portable_command` and
+:func:`portable_text` write them relative to the repository root (the git checkout holding the current
+directory: ``runs/x``, ``../shared/data/x`` for a folder next to the checkout), or to the current
+directory outside a checkout.
 """
 import os
 import re
+import shlex
 
 _UPDATES_RE = re.compile(r"\bnum_updates\"?\s*[:=|]?\s*\"?(\d+)")
 _WALL_RE = re.compile(r"\bwall\"?\s*[:=|]?\s*\"?(\d+(?:\.\d+)?)")
+
+
+def repository_root(start=None):
+    """The top folder of the git checkout holding ``start`` (default: the current directory), or None."""
+    folder = os.path.abspath(start or os.getcwd())
+    while True:
+        if os.path.exists(os.path.join(folder, ".git")):
+            return folder
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            return None
+        folder = parent
+
+
+def portable_path(path, root=None):
+    """``path`` as a results file records it: relative to ``root`` (default: :func:`repository_root`, else
+    the current directory), with ``/`` separators, never absolute; a relative ``path`` is read from the
+    current directory.  Empty stays empty; a path on another drive (Windows) is returned as given."""
+    if not path:
+        return path
+    base = root or repository_root() or os.getcwd()
+    try:
+        rel = os.path.relpath(os.path.abspath(path), os.path.abspath(base))
+    except ValueError:
+        return path
+    return rel.replace(os.sep, "/")
+
+
+def _portable_word(word, root=None):
+    """One command-line word: an absolute path, ``NAME=/abs/path`` or ``--opt=/a.pt:/b.pt`` (an
+    ensemble) with every absolute path made portable; anything else unchanged."""
+    cut = 0 if os.path.isabs(word) else next(
+        (i + 1 for i, ch in enumerate(word) if ch == "=" and os.path.isabs(word[i + 1:])), 0)
+    head, value = word[:cut], word[cut:]
+    parts = value.split(":")
+    if not any(os.path.isabs(part) for part in parts):
+        return word
+    return head + ":".join(portable_path(part, root) if os.path.isabs(part) else part for part in parts)
+
+
+def portable_command(words, root=None):
+    """A shell command line from ``words`` (program and arguments), each quoted, absolute paths made
+    portable (:func:`portable_path`)."""
+    return " ".join(shlex.quote(_portable_word(str(w), root)) for w in words)
+
+
+# an absolute path inside free text: after the start, whitespace, a quote, '=', '(', ',' or ':' (so
+# "words/s" or "en->de" are not paths), up to whitespace, a quote, ':', ';', ',' or a bracket
+_TEXT_PATH_RE = re.compile(r"(?<![^\s'\"=(,:])/[A-Za-z0-9_.~+-][^\s'\"`:;,()\[\]]*")
+
+
+def portable_text(text, root=None):
+    """Free text (a ``--command`` or ``--data-name`` given by a script) with every absolute path in it
+    made portable (:func:`portable_path`); a trailing full stop stays outside the path."""
+    if not text:
+        return text
+
+    def repl(match):
+        path = match.group(0)
+        stop = "." if path.endswith(".") and not path.endswith("..") else ""
+        return portable_path(path[:len(path) - len(stop)], root) + stop
+
+    return _TEXT_PATH_RE.sub(repl, text)
 
 
 def _field(obj, name):

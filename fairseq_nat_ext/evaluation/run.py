@@ -1,7 +1,7 @@
 """Benchmark one system (one checkpoint, one or more decodings) and upsert its rows into a results JSON.
 
     python -m fairseq_nat_ext.evaluation.run --benchmark mask_predict \\
-        --data-bin DATA_BIN --raw-ref /work/shared/data/multi30k/test_2016_flickr.de.gz \\
+        --data-bin DATA_BIN --raw-ref ../shared/data/multi30k/test_2016_flickr.de.gz \\
         --src-lang en --tgt-lang de --system-ckpt checkpoint_best.pt \\
         --decoding iter=4,len_beam=3 --decoding iter=10,len_beam=3 --distilled \\
         --train-updates 30000 --train-wall-s 7200 --threads 2 --latency-sentences 200 \\
@@ -23,12 +23,14 @@ data; the scores go to ``<dir of --out>/<benchmark>/valid_tune.json`` (upserted 
 and checkpoint), not into the results' rows.
 
 The ``command`` field of the results is this command line, or ``--command`` when given (benchmark
-scripts pass their own invocation there, so that ``command`` reproduces the whole table).
+scripts pass their own invocation there, so that ``command`` reproduces the whole table).  Paths in the
+results (``data``, ``command``, each row's ``hyp``, valid-tune checkpoints) are written relative to the
+repository root, or to the current directory outside a checkout (:func:`.provenance.portable_path`):
+never an absolute path of the machine that ran it.
 """
 import argparse
 import logging
 import os
-import shlex
 import sys
 
 from . import decoding as dec
@@ -132,10 +134,11 @@ def _check_args(p, args):
         p.error(f"--raw-ref {args.raw_ref}: no such file")
 
 
-def _display_path(path):
-    """Path relative to the working directory when inside it (the repo root), else absolute."""
-    rel = os.path.relpath(os.path.abspath(path))
-    return os.path.abspath(path) if rel.startswith("..") else rel
+def _portable_paths(paths):
+    """A path, or an ensemble's paths joined by ':', as the results record it (no machine path)."""
+    from .provenance import portable_path
+
+    return ":".join(portable_path(p) for p in paths.split(":"))
 
 
 def _open_results(args, hardware, command, data, signature):
@@ -215,7 +218,7 @@ def _valid_tune(system, args, name, updates):
         iters, rep = inf.mean_iterations(hyps, generator), scoring.repeat_rate(tok)
         logger.info("valid-tune %s %s: tok BLEU %.2f, iterations %.2f, repeat rate %.4f",
                     args.valid_subset, d, bleu, iters, rep)
-        _save_valid_tune(args, {"system": name, "decoding": d, "checkpoint": _display_path(args.system_ckpt),
+        _save_valid_tune(args, {"system": name, "decoding": d, "checkpoint": _portable_paths(args.system_ckpt),
                                 "train_updates": int(updates), "subset": args.valid_subset,
                                 "tok_bleu": round(bleu, 2), "iterations": round(iters, 3),
                                 "repeat_rate": round(rep, 4)})
@@ -322,7 +325,7 @@ def benchmark_system(args, refs, tok_refs, save_row):
         row = res.make_row(
             name, d, args.distilled, scores.bleu, scores.tok_bleu, latency, speed,
             inf.mean_iterations(hyps, generator), scores.repeat_rate, updates, wall,
-            _display_path(hyp_file),
+            provenance.portable_path(hyp_file),
         )
         logger.info(
             "%s %s: BLEU %.2f (tok %.2f), %.1f ms/sent b1 (%d sent), %.1f sent/s b%d, "
@@ -372,7 +375,7 @@ def reference_row(args, refs, tok_refs):
     tok = scoring.tokenized_bleu(tok_refs, tok_refs)
     row = res.make_row(
         res.REFERENCE_SYSTEM, res.REFERENCE_DECODING, False, bleu.score, tok.score, 0.0, 0.0,
-        0.0, scoring.repeat_rate(tok_refs), 0, 0.0, _display_path(args.raw_ref),
+        0.0, scoring.repeat_rate(tok_refs), 0, 0.0, _portable_paths(args.raw_ref),
     )
     logger.info("reference: repeat rate %.4f", row["repeat_rate"])
     return row, bleu.signature
@@ -403,12 +406,12 @@ def main(argv=None):
 
         set_threads(args.threads)
     hardware = provenance.hardware_description(args.device)
-    command = args.command or " ".join(
-        ["python -m fairseq_nat_ext.evaluation.run"] + [shlex.quote(a) for a in argv]
+    command = provenance.portable_text(args.command) or (
+        "python -m fairseq_nat_ext.evaluation.run " + provenance.portable_command(argv)
     )
-    data = args.data_name or (
-        (f"{args.data_bin} [{args.subset}, {args.src_lang}->{args.tgt_lang}], " if args.data_bin
-         else "") + f"reference {args.raw_ref}"
+    data = provenance.portable_text(args.data_name) or (
+        (f"{provenance.portable_path(args.data_bin)} [{args.subset}, {args.src_lang}->{args.tgt_lang}], "
+         if args.data_bin else "") + f"reference {provenance.portable_path(args.raw_ref)}"
         + (f" (first {args.limit} sentences)" if args.limit else "")
     )
 

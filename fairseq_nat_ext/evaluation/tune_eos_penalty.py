@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import re
-import shlex
 import subprocess
 import sys
 
@@ -91,10 +90,11 @@ def main(argv=None):
     best = best_penalty(rows)
     print(f"[tune_eos_penalty] best eos_penalty={best:g}", flush=True)
     if args.out:
-        record = {"checkpoint": args.checkpoint, "data_bin": args.data_bin, "subset": args.subset,
-                  "src": args.src, "tgt": args.tgt,
-                  "command": "python -m fairseq_nat_ext.evaluation.tune_eos_penalty " + " ".join(
-                      shlex.quote(a) for a in given),
+        from .provenance import portable_command, portable_path
+
+        record = {"checkpoint": portable_path(args.checkpoint), "data_bin": portable_path(args.data_bin),
+                  "subset": args.subset, "src": args.src, "tgt": args.tgt,
+                  "command": "python -m fairseq_nat_ext.evaluation.tune_eos_penalty " + portable_command(given),
                   "rows": rows, "best": best}
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w", encoding="utf-8") as f:
