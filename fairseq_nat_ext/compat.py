@@ -1,33 +1,53 @@
-"""Version shims, applied once when the plugin is imported.  Each shim says why it exists.
+"""Version shims, applied once when the plugin is imported (``--user-dir`` imports it).
 
-1. torch >= 2.6 loads checkpoints with ``weights_only=True``; fairseq checkpoints pickle an
-   ``argparse.Namespace`` (old ``args``) and omegaconf containers (``cfg``), so plain
+Every shim is listed in :data:`SHIMS` with the fairseq/torch/numpy versions it targets, its scope
+(only the plugin's own archs and tasks, or every fairseq caller) and a check that turns it off when the
+installed fairseq already has the fix.  Each keeps fairseq's behaviour for every input fairseq handled
+before; ``docs/compat.md`` lists them with what loading the plugin changes.  Targeted builds: fairseq
+0.12.2 and fairseq-fixed 0.12.3.1 (fairseq main of 2022-2023), torch >= 2.6, numpy 2.
+
+1. ``weights_only``: torch >= 2.6 loads checkpoints with ``weights_only=True``; fairseq checkpoints
+   pickle an ``argparse.Namespace`` (old ``args``) and omegaconf containers (``cfg``), so plain
    ``fairseq-generate`` fails with "Unsupported global".  We allow-list exactly the types fairseq
    writes (:data:`FAIRSEQ_CHECKPOINT_GLOBALS`) and keep the safe unpickler on: any other pickled
    object is refused with a one-line error naming the checkpoint and the offending global.
-2. A user-facing error (bad input, unsafe checkpoint) should read as one line, not a traceback:
-   errors deriving from :class:`UserFacingError` are printed as ``error: ...`` by an excepthook when
-   they end a command-line run (set ``FAIRSEQ_NAT_EXT_TRACEBACK=1`` for the full traceback).
-3. fairseq's ``import_user_module`` compares the ``--user-dir`` path with the imported package's
-   ``__path__`` literally, so the same directory reached through a symlink or a relative path raises
-   "not globally unique".  We compare real paths instead (same behaviour otherwise).
-4. A checkpoint whose parameters do not fit the model being built (another arch, other sizes, another
-   dictionary) makes fairseq print a multi-line state-dict dump (``--path``) or "please ensure that
-   the architectures match" without saying which (resume / ``--restore-file``).  We re-raise one line
-   naming the file, the arch it holds and the arch (and task) expected.
-5. ``fairseq-hydra-train`` (and ``--path`` on a checkpoint it wrote) hand a legacy arch an omegaconf
-   ``DictConfig``; fairseq's ``TransformerConfig.from_namespace`` copies extra keys with ``vars()``,
-   which on a DictConfig drops every option the arch adds itself (``length_classes``...).  For the
-   plugin's archs we turn the DictConfig into the argparse namespace fairseq-train would have built.
-6. ``fairseq-interactive`` decodes its input with Python's strict UTF-8 codec and dies with a
-   traceback on the first bad byte; we read bytes and report ``<stdin> line N: not valid UTF-8``.
-7. ``torchrun`` on CPU: fairseq's default world size is the number of CUDA devices (so 1 on CPU: it
-   ignores torchrun and every process trains alone, racing on the checkpoint files), and it divides the
-   rank by the CUDA device count.  Without CUDA we take world size and rank from torchrun's
-   environment (GPU runs are unchanged).
-8. torch reads a checkpoint's zip members without checking their CRCs, so a corrupted file loads with
-   wrong weights; we check them before loading (a truncated file already fails in torch) and report
+2. ``one_line_errors``: a user-facing error (bad input, unsafe checkpoint) reads as one line, not a
+   traceback: errors deriving from :class:`UserFacingError` (raised by the plugin only) are printed as
+   ``error: ...`` by an excepthook (``FAIRSEQ_NAT_EXT_TRACEBACK=1`` shows the full traceback).
+3. ``user_dir_realpath``: fairseq's ``import_user_module`` compares the ``--user-dir`` path with the
+   imported package's ``__path__`` literally, so the same directory reached through a symlink or a
+   relative path raises "not globally unique".  We compare real paths instead (same otherwise).
+4. ``checkpoint_mismatch``: a checkpoint whose parameters do not fit the model being built makes
+   fairseq print a multi-line state-dict dump (``--path``) or "please ensure that the architectures
+   match" (resume / ``--restore-file``).  We re-raise one line naming the file, the arch it holds and
+   the arch (and task) expected; the exception still chains the original one.
+5. ``hydra_legacy_archs``: ``fairseq-hydra-train`` (and ``--path`` on a checkpoint it wrote) hand a
+   legacy arch an omegaconf ``DictConfig``; fairseq's ``TransformerConfig.from_namespace`` copies extra
+   keys with ``vars()``, which on a DictConfig drops every option the arch adds itself.  Only for the
+   plugin's archs, we turn the DictConfig into the argparse namespace fairseq-train would have built.
+6. ``interactive_utf8``: ``fairseq-interactive`` decodes its input strictly and dies with a traceback
+   on the first bad byte; we read bytes where the input has them (a file, a binary-backed stdin) and
+   report ``<stdin> line N: not valid UTF-8``.  A text stream without bytes (``io.StringIO``) is read as
+   text, as fairseq does; line splitting is fairseq's (universal newlines).
+7. ``cpu_torchrun``: ``torchrun`` on CPU: fairseq's default world size is the number of CUDA devices
+   (so 1 on CPU: it ignores torchrun and every process trains alone, racing on the checkpoint files).
+   Without CUDA we take world size and rank from torchrun's environment (GPU runs are unchanged).
+8. ``checkpoint_crc`` (in shim 1's wrapper): torch reads a checkpoint's zip members without checking
+   their CRCs, so a corrupted file loads with wrong weights; we check them before loading and report
    "truncated or corrupted" naming the file.
+9. ``nat_reranker``: fairseq's ``IterativeRefinementGenerator.rerank`` reads an attribute of the old
+   NamedTuple encoder output and raises AttributeError; same computation on today's dict output.
+10. ``numpy_compat``: fairseq's ``LanguagePairDataset`` (with ``--pad-to-bucket`` style buckets) and
+   ``TokenBlockDataset`` (``break_mode="eos"``) use ``np.compat.long``, removed in numpy 2.  We give
+   numpy back a ``numpy.compat`` holding ``long = int`` (what numpy 1.x had), only when numpy has none.
+   A ``numpy<2`` pin was the alternative; it would force a numpy downgrade on the user's whole
+   environment (torch, scipy and matplotlib wheels built for numpy 2), so the shim was chosen.
+11. ``keep_last_batch``: fairseq's ``data_utils.batch_by_size`` drops the last batch when its size is
+   not a multiple of ``--required-batch-size-multiple`` (default 8; fairseq issues #5036, #5351,
+   #5094), although its docstring promises batches "less than N or a multiple of N": ``fairseq-generate``
+   silently translates fewer sentences (3-sentence split: none) and validation skips sentences.  We
+   keep that tail as one last, smaller batch, for every caller: evaluation loses nothing, and
+   training no longer skips the same (longest) sentences every epoch.  Every other batch is unchanged.
 """
 import argparse
 import collections
@@ -354,35 +374,60 @@ def _patch_legacy_model_build():
     models.build_model = build_model
 
 
+def _utf8_lines(stream, name, encoding="utf-8"):
+    """Lines of a binary stream decoded strictly, split like a text stream (universal newlines:
+    \\n, \\r\\n and a lone \\r end a line); a bad byte is a one-line :class:`InputError`."""
+    for lineno, raw in enumerate(stream, 1):
+        try:
+            text = raw.decode(encoding)
+        except UnicodeDecodeError as e:
+            raise InputError(f"fairseq-interactive: {name} line {lineno}: not valid {encoding.upper()} "
+                             f"(byte 0x{raw[e.start]:02x} at byte {e.start + 1})") from None
+        yield from text.splitlines() if "\r" in text else (text,)
+
+
 def buffered_read_utf8(input, buffer_size):
-    """fairseq_cli.interactive.buffered_read, reading bytes so that a bad byte is a one-line error."""
-    name = "<stdin>" if input == "-" else input
-    stream = sys.stdin.buffer if input == "-" else open(input, "rb")
+    """fairseq_cli.interactive.buffered_read (same lines, same buffers), with a bad byte reported as
+    one line naming the input and the line.  ``-`` reads ``sys.stdin``: its bytes when it has them (in
+    its own encoding), else its text as it is (``io.StringIO`` and other text-only streams)."""
     buffer = []
+    if input == "-":
+        raw = getattr(sys.stdin, "buffer", None)
+        encoding = getattr(sys.stdin, "encoding", None) or "utf-8"
+        lines = _utf8_lines(raw, "<stdin>", encoding) if raw is not None else sys.stdin
+        stream = None
+    else:
+        stream = open(input, "rb")
+        lines = _utf8_lines(stream, input)
     try:
-        for lineno, raw in enumerate(stream, 1):
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise InputError(f"fairseq-interactive: {name} line {lineno}: not valid UTF-8 "
-                                 f"(byte 0x{raw[e.start]:02x} at byte {e.start + 1})") from None
-            buffer.append(text.strip())
+        for line in lines:
+            buffer.append(line.strip())
             if len(buffer) >= buffer_size:
                 yield buffer
                 buffer = []
     finally:
-        if input != "-":
+        if stream is not None:
             stream.close()
     if buffer:
         yield buffer
 
 
 def _patch_interactive_input():
-    try:
-        import fairseq_cli.interactive as interactive
-    except ImportError:  # fairseq without its command-line package
+    import fairseq_cli.interactive as interactive
+
+    if getattr(interactive.buffered_read, "_nat_ext_wrapped", False):
         return
+    buffered_read_utf8._nat_ext_wrapped = True
+    buffered_read_utf8.__wrapped__ = interactive.buffered_read
     interactive.buffered_read = buffered_read_utf8
+
+
+def _interactive_present():
+    try:
+        import fairseq_cli.interactive  # noqa: F401
+    except ImportError:  # fairseq without its command-line package
+        return False
+    return True
 
 
 def _patch_cpu_torchrun():
@@ -439,21 +484,133 @@ def _patch_nat_reranker():
     IterativeRefinementGenerator.rerank = rerank
 
 
-_applied = False
+def _patch_numpy_compat():
+    import types
+
+    import numpy
+
+    module = types.ModuleType("numpy.compat")
+    module.__doc__ = "numpy 1.x's numpy.compat names that fairseq 0.12 still uses (fairseq_nat_ext.compat)."
+    module.long = int  # numpy 1.x: numpy.compat.long is int
+    sys.modules["numpy.compat"] = module
+    numpy.compat = module
+
+
+def _numpy_compat_missing():
+    import numpy
+
+    return not hasattr(numpy, "compat")
+
+
+def _patch_batch_by_size():
+    """Keep the tail batch that ``data_utils.batch_by_size`` drops.  Every module of fairseq calls it as
+    ``data_utils.batch_by_size`` (an attribute look-up at call time), so patching the module suffices."""
+    import numpy as np
+    from fairseq.data import data_utils
+
+    original = data_utils.batch_by_size
+    if getattr(original, "_nat_ext_wrapped", False):
+        return
+
+    def batch_by_size(indices, num_tokens_fn, num_tokens_vec=None, max_tokens=None, max_sentences=None,
+                      required_batch_size_multiple=1, fixed_shapes=None):
+        if not isinstance(indices, np.ndarray):
+            indices = np.fromiter(indices, dtype=np.int64, count=-1)
+        batches = original(indices, num_tokens_fn, num_tokens_vec, max_tokens, max_sentences,
+                           required_batch_size_multiple, fixed_shapes)
+        # the batchers cut ``indices`` into consecutive runs in order; fairseq drops the last run
+        kept = sum(len(b) for b in batches)
+        if fixed_shapes is None and kept < len(indices):
+            batches = list(batches) + [indices[kept:]]
+        return batches
+
+    batch_by_size._nat_ext_wrapped = True
+    batch_by_size.__wrapped__ = original
+    data_utils.batch_by_size = batch_by_size
+
+
+def source_contains(obj, snippet):
+    """Whether ``obj``'s source holds ``snippet`` (spaces ignored): how a shim sees that the installed
+    fairseq still has the code it fixes.  Unreadable source counts as unfixed."""
+    import inspect
+
+    try:
+        source = inspect.getsource(obj)
+    except (OSError, TypeError):
+        return True
+    return snippet.replace(" ", "") in source.replace(" ", "")
+
+
+def _batch_by_size_drops_tail():
+    from fairseq.data import data_utils
+
+    return source_contains(getattr(data_utils.batch_by_size, "__wrapped__", data_utils.batch_by_size),
+                           "b = b[:-1]")
+
+
+def _reranker_reads_namedtuple():
+    from fairseq.iterative_refinement_generator import IterativeRefinementGenerator
+
+    return source_contains(IterativeRefinementGenerator.rerank, "encoder_out.encoder_out")
+
+
+def _torch_loads_weights_only():
+    return hasattr(torch.serialization, "add_safe_globals")
+
+
+def _allow_list_fairseq_globals():
+    torch.serialization.add_safe_globals(fairseq_checkpoint_globals())
+
+
+def _always():
+    return True
+
+
+class Shim(typing.NamedTuple):
+    """One global patch: what it fixes, for which versions, on which callers, and when it is needed."""
+
+    name: str
+    targets: str  # the versions whose behaviour it fixes
+    scope: str  # "plugin": only the plugin's own archs/tasks/errors; "fairseq": every fairseq caller
+    needed: typing.Callable[[], bool]  # False when the installed versions already have the fix
+    patch: typing.Callable[[], None]
+
+
+#: Every shim, in the order applied (see the module docstring for the why of each).
+SHIMS = (
+    Shim("weights_only", "torch >= 2.6 with fairseq <= 0.12.3", "fairseq",
+         _torch_loads_weights_only, _allow_list_fairseq_globals),
+    Shim("checkpoint_crc", "torch (any): zip members' CRCs unchecked", "fairseq", _always,
+         _patch_checkpoint_loading),
+    Shim("user_dir_realpath", "fairseq 0.12.x import_user_module", "fairseq", _always,
+         _patch_user_module_import),
+    Shim("checkpoint_mismatch", "fairseq 0.12.x Trainer.load_checkpoint / load_model_ensemble_and_task",
+         "fairseq", _always, _patch_trainer_checkpoint_loading),
+    Shim("checkpoint_mismatch_path", "fairseq 0.12.x load_model_ensemble_and_task", "fairseq", _always,
+         _patch_ensemble_loading),
+    Shim("hydra_legacy_archs", "fairseq 0.12.x build_model with a DictConfig", "plugin", _always,
+         _patch_legacy_model_build),
+    Shim("interactive_utf8", "fairseq 0.12.x fairseq_cli.interactive.buffered_read", "fairseq",
+         _interactive_present, _patch_interactive_input),
+    Shim("cpu_torchrun", "fairseq 0.12.x infer_init_method without CUDA", "fairseq", _always,
+         _patch_cpu_torchrun),
+    Shim("nat_reranker", "fairseq 0.12.x IterativeRefinementGenerator.rerank", "fairseq",
+         _reranker_reads_namedtuple, _patch_nat_reranker),
+    Shim("numpy_compat", "fairseq 0.12.x on numpy >= 2", "fairseq", _numpy_compat_missing,
+         _patch_numpy_compat),
+    Shim("keep_last_batch", "fairseq 0.12.x data_utils.batch_by_size", "fairseq",
+         _batch_by_size_drops_tail, _patch_batch_by_size),
+    Shim("one_line_errors", "the plugin's own UserFacingError", "plugin", _always, _install_excepthook),
+)
+
+#: names of the shims :func:`apply` installed (the others were not needed here)
+APPLIED = []
 
 
 def apply():
-    global _applied
-    if _applied:
+    if APPLIED:
         return
-    torch.serialization.add_safe_globals(fairseq_checkpoint_globals())
-    _patch_checkpoint_loading()
-    _patch_user_module_import()
-    _patch_trainer_checkpoint_loading()
-    _patch_ensemble_loading()
-    _patch_legacy_model_build()
-    _patch_interactive_input()
-    _patch_cpu_torchrun()
-    _patch_nat_reranker()
-    _install_excepthook()
-    _applied = True
+    for shim in SHIMS:
+        if shim.needed():
+            shim.patch()
+            APPLIED.append(shim.name)

@@ -123,3 +123,108 @@ def test_importing_the_plugin_leaves_the_root_logger_quiet():
     proc = _python(code)
     assert proc.stdout.strip() == "WARNING"
     assert "DEBUG:matplotlib" not in proc.stderr
+
+
+# ---- the shim list: versions, scope, and shims that turn themselves off ------------------------------
+
+def test_every_shim_states_its_target_and_scope_and_was_applied_only_if_needed():
+    from fairseq_nat_ext import compat
+
+    assert len({s.name for s in compat.SHIMS}) == len(compat.SHIMS)
+    for shim in compat.SHIMS:
+        assert shim.targets and shim.scope in ("plugin", "fairseq"), shim
+        assert shim.name in compat.APPLIED or not shim.needed(), shim.name
+
+
+def test_source_check_turns_a_shim_off_once_fairseq_has_the_fix():
+    from fairseq_nat_ext.compat import source_contains
+
+    def fixed(b):
+        return b
+
+    def unfixed(b):
+        b = b[:-1]
+        return b
+
+    assert source_contains(unfixed, "b = b[:-1]") and not source_contains(fixed, "b = b[:-1]")
+
+
+# ---- interactive input: fairseq's lines for every input fairseq read, one line for a bad byte --------
+
+INTERACTIVE_TEXT = "ein Haus .\r\nzwei  Häuser\rdrei\n\nvier ü\n  fünf  "
+
+
+def _fairseq_lines(path_or_dash, buffer_size=2):
+    import fairseq_nat_ext  # noqa: F401
+    import fairseq_cli.interactive as interactive
+
+    return list(interactive.buffered_read.__wrapped__(path_or_dash, buffer_size))
+
+
+def test_interactive_reads_a_file_exactly_as_fairseq(tmp_path):
+    from fairseq_nat_ext.compat import buffered_read_utf8
+
+    path = tmp_path / "in.txt"
+    path.write_bytes(INTERACTIVE_TEXT.encode("utf-8"))
+    for size in (1, 2, 5):
+        assert list(buffered_read_utf8(str(path), size)) == _fairseq_lines(str(path), size)
+
+
+def test_interactive_reads_a_text_only_stdin_as_fairseq(monkeypatch):
+    """A StringIO on stdin (no .buffer): fairseq's own tests feed fairseq-interactive this way."""
+    import io
+
+    from fairseq_nat_ext.compat import buffered_read_utf8
+
+    monkeypatch.setattr("sys.stdin", io.StringIO(INTERACTIVE_TEXT))
+    expected = _fairseq_lines("-")
+    monkeypatch.setattr("sys.stdin", io.StringIO(INTERACTIVE_TEXT))
+    assert list(buffered_read_utf8("-", 2)) == expected
+    assert expected[0] == ["ein Haus .", "zwei  Häuser\rdrei"]  # a StringIO splits on \n only
+
+
+def test_interactive_reads_a_binary_backed_stdin_as_fairseq(monkeypatch):
+    import io
+
+    from fairseq_nat_ext.compat import buffered_read_utf8
+
+    def stdin():
+        return io.TextIOWrapper(io.BytesIO(INTERACTIVE_TEXT.encode("utf-8")), encoding="utf-8")
+
+    monkeypatch.setattr("sys.stdin", stdin())
+    expected = _fairseq_lines("-")
+    monkeypatch.setattr("sys.stdin", stdin())
+    assert list(buffered_read_utf8("-", 2)) == expected
+
+
+def test_interactive_bad_byte_is_one_line_naming_file_and_line(tmp_path):
+    from fairseq_nat_ext.compat import InputError, buffered_read_utf8
+
+    path = tmp_path / "in.txt"
+    path.write_bytes(b"gut\nauch gut\nschlecht \xff\n")
+    with pytest.raises(InputError, match=r"in.txt line 3: not valid UTF-8 \(byte 0xff at byte 10\)"):
+        list(buffered_read_utf8(str(path), 100))
+
+
+# ---- numpy.compat (removed in numpy 2, still used by fairseq 0.12) -----------------------------------
+
+def test_numpy_compat_long_for_fairseqs_token_block_dataset():
+    import fairseq_nat_ext  # noqa: F401
+    import numpy as np
+    import torch
+    from fairseq.data import TokenBlockDataset
+
+    assert np.compat.long is int
+    items = [torch.tensor([4, 5, 2]), torch.tensor([6, 2])]
+
+    class Listed(torch.utils.data.Dataset):
+        sizes = np.array([3, 2])
+
+        def __getitem__(self, i):
+            return items[i]
+
+        def __len__(self):
+            return 2
+
+    ds = TokenBlockDataset(Listed(), Listed.sizes, block_size=None, pad=1, eos=2, break_mode="eos")
+    assert [ds[i].tolist() for i in range(len(ds))] == [[4, 5, 2], [6, 2]]

@@ -232,18 +232,6 @@ class NATTranslationTask(TranslationTask):
             raise InputError(str(err)) from None
         self.datasets[split] = FertilityDataset(dataset, rows, name)
 
-    def get_batch_iterator(self, dataset, max_tokens=None, max_sentences=None, max_positions=None,
-                           ignore_invalid_inputs=False, required_batch_size_multiple=1, **kwargs):
-        # fairseq's batch_by_size drops the last batch of an evaluation split when its size is not a
-        # multiple of --required-batch-size-multiple (default 8; fairseq issue #5036), so
-        # fairseq-generate silently translates fewer sentences.  Outside training, use 1.
-        if dataset is not self.datasets.get("train"):
-            required_batch_size_multiple = 1
-        return super().get_batch_iterator(
-            dataset, max_tokens=max_tokens, max_sentences=max_sentences, max_positions=max_positions,
-            ignore_invalid_inputs=ignore_invalid_inputs,
-            required_batch_size_multiple=required_batch_size_multiple, **kwargs)
-
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, **unused):
         gen_cls = getattr(models[0], "generator_class", None)
         if gen_cls is None:

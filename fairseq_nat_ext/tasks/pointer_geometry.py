@@ -192,17 +192,6 @@ class PointerGeometryTask(FairseqTask):
             data, self.dictionary, shuffle=train, augment=augment, seed=1 if seed is None else seed)
         logger.info(f"pointer_geometry {split}: {len(data)} {self.cfg.problem} examples from {path}")
 
-    def get_batch_iterator(self, dataset, max_tokens=None, max_sentences=None, max_positions=None,
-                           ignore_invalid_inputs=False, required_batch_size_multiple=1, **kwargs):
-        # fairseq's batch_by_size drops an evaluation split's last batch when its size is not a
-        # multiple of --required-batch-size-multiple (as in nat_translation): use 1 outside training.
-        if dataset is not self.datasets.get("train"):
-            required_batch_size_multiple = 1
-        return super().get_batch_iterator(
-            dataset, max_tokens=max_tokens, max_sentences=max_sentences, max_positions=max_positions,
-            ignore_invalid_inputs=ignore_invalid_inputs,
-            required_batch_size_multiple=required_batch_size_multiple, **kwargs)
-
     def build_model(self, cfg, from_checkpoint=False):
         model = super().build_model(cfg, from_checkpoint)
         trained_on = getattr(model, "problem", None)
