@@ -33,6 +33,10 @@
 # --max-len): OUT_DIR/train.distill.TGT keeps every line, the training split drops the teacher's
 # degenerate outputs (both sides, order kept).
 # OUT_DIR/data-bin/DISTILL_INFO.txt records the teacher, beam, source of the targets and the filter.
+# OUT_DIR/raw/{valid,test}.{SRC,TGT}: copies of DATA_BIN/../raw's untokenised valid and test files (written
+# by prepare_data.sh), the references of examples/translate.sh.
+# Progress (sentences translated of the total, rate) goes to stderr every PROGRESS_INTERVAL seconds
+# (default 30), counted from the H- lines of OUT_DIR/generate-train.txt.
 set -euo pipefail
 
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -118,13 +122,22 @@ else
         log "$DISTILL_TXT is up to date (use --force to regenerate)"
     else
         rm -f "$STAMP"
-        log "translating the train split with $TEACHER (beam $BEAM); output in $OUT_DIR/generate-train.txt"
-        fairseq-generate "$DATA_BIN" --user-dir "$USER_DIR" --path "$TEACHER" \
+        log "translating the train split with $TEACHER (beam $BEAM); output in $OUT_DIR/generate-train.txt," \
+            "log $OUT_DIR/generate-train.log"
+        # unbuffered: the H- lines reach the file as sentences finish, so they can be counted for progress
+        PYTHONUNBUFFERED=1 fairseq-generate "$DATA_BIN" --user-dir "$USER_DIR" --path "$TEACHER" \
             --source-lang "$SRC" --target-lang "$TGT" \
             --gen-subset train --beam "$BEAM" --nbest 1 --max-tokens "$MAX_TOKENS" \
             --required-batch-size-multiple 1 \
-            --num-workers 0 "${GEN_EXTRA[@]}" >"$OUT_DIR/generate-train.txt" 2>"$OUT_DIR/generate-train.log" \
+            --num-workers 0 ${GEN_EXTRA[@]+"${GEN_EXTRA[@]}"} >"$OUT_DIR/generate-train.txt" 2>"$OUT_DIR/generate-train.log" &
+        GEN_PID=$!
+        trap 'kill "$GEN_PID" 2>/dev/null || true' EXIT
+        GEN_START=$SECONDS
+        watch_count distill "$N_SRC" "$GEN_PID" grep -c '^H-' "$OUT_DIR/generate-train.txt"
+        wait "$GEN_PID" \
             || { tail -n 20 "$OUT_DIR/generate-train.log" >&2; die "fairseq-generate failed (log: $OUT_DIR/generate-train.log)"; }
+        trap - EXIT
+        progress_line distill "$N_SRC" "$N_SRC" $(( SECONDS - GEN_START )) final
         "$PYTHON" "$UTILS" collect "$OUT_DIR/generate-train.txt" "$N_SRC" "$DISTILL_TXT"
         printf '%s\n' "$PARAMS" >"$STAMP"
     fi
@@ -155,9 +168,14 @@ for f in "$DATA_BIN"/valid*.{bin,idx} "$DATA_BIN"/test*.{bin,idx}; do cp "$f" "$
 shopt -u nullglob
 N_BIN="$("$PYTHON" "$UTILS" count "$TMP" train "$SRC" "$TGT" "$TGT")"
 [[ "$N_BIN" == "$N_SRC" ]] || die "binarised distilled target has $N_BIN sentences, source $N_SRC"
-FILTERED="$(cd "$REPO" && "$PYTHON" -m fairseq_nat_ext.data.distill_filter "$TMP" --src "$SRC" --tgt "$TGT" \
-    --max-repeat "$MAX_REPEAT" --max-len "$MAX_LEN" 2>"$OUT_DIR/filter.log")" \
+(cd "$REPO" && exec "$PYTHON" -m fairseq_nat_ext.data.distill_filter "$TMP" --src "$SRC" --tgt "$TGT" \
+    --max-repeat "$MAX_REPEAT" --max-len "$MAX_LEN" >"$OUT_DIR/filter.out" 2>"$OUT_DIR/filter.log") &
+FILTER_PID=$!
+follow_lines "$FILTER_PID" "$OUT_DIR/filter.log" '^\[distill_filter\]'
+wait "$FILTER_PID" \
     || { grep -m1 "^error:" "$OUT_DIR/filter.log" >&2 || die "filtering the distilled pairs failed (log: $OUT_DIR/filter.log)"; exit 1; }
+FILTERED="$(cat "$OUT_DIR/filter.out")"
+rm -f "$OUT_DIR/filter.out"
 log "train split: $FILTERED"
 grep -h "replaced" "$OUT_DIR/preprocess.log" | sed 's/^.*fairseq_cli.preprocess[^[]*/  /' >&2 || true
 {
@@ -169,4 +187,11 @@ grep -h "replaced" "$OUT_DIR/preprocess.log" | sed 's/^.*fairseq_cli.preprocess[
 } >"$TMP/DISTILL_INFO.txt"
 rm -rf "$BIN"
 mv "$TMP" "$BIN"
+# the untokenised valid / test references beside the new data-bin too (translate.sh finds them there)
+if [[ -d "$DATA_BIN/../raw" ]]; then
+    mkdir -p "$OUT_DIR/raw"
+    for f in "$DATA_BIN"/../raw/{valid,test}.{"$SRC","$TGT"}; do
+        [[ -f "$f" ]] && cp -p "$f" "$OUT_DIR/raw/"
+    done
+fi
 log "done: $BIN"

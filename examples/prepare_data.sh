@@ -38,6 +38,9 @@
 # problem stops the script with that one-line error, before OUT_DIR is created.  Steps whose outputs are newer than
 # their inputs (and whose options did not change) are skipped, so a rerun is cheap.
 #
+# Progress: tokenisation reports the sentences done of all its files and the rate every tenth or
+# PROGRESS_INTERVAL seconds (default 30); BPE reports after each file, binarisation when done.
+#
 # Tools: the sacremoses package (for $PYTHON, default `python` from PATH), fairseq-preprocess
 # from PATH (the venv's bin), `fast` from PATH or
 # $FAST; when missing it is built by examples/tools/build_fastbpe.sh.
@@ -216,15 +219,24 @@ else
 fi
 
 # ---- 5. apply BPE -------------------------------------------------------------------
+BPE_PENDING=(); BPE_TOTAL=0
 for role in "${ROLES[@]}"; do
     for lang in "$SRC" "$TGT"; do
         in="$OUT_DIR/tok/$role.$lang"; out="$OUT_DIR/bpe/$role.$lang"
         up_to_date "$out" "$in" "$CODES_OUT" && continue
-        "$FAST" applybpe "$out.tmp" "$in" "$CODES_OUT" >>"$OUT_DIR/bpe.log" 2>&1 \
-            || { tail -n 5 "$OUT_DIR/bpe.log" >&2; die "fast applybpe failed on $in"; }
-        [[ "$(n_lines "$out.tmp")" == "$(n_lines "$in")" ]] || die "fast applybpe changed the line count of $in"
-        mv -f "$out.tmp" "$out"
+        BPE_PENDING+=("$role.$lang"); BPE_TOTAL=$(( BPE_TOTAL + $(n_lines "$in") ))
     done
+done
+BPE_DONE=0; BPE_START=$SECONDS
+for name in ${BPE_PENDING[@]+"${BPE_PENDING[@]}"}; do
+    in="$OUT_DIR/tok/$name"; out="$OUT_DIR/bpe/$name"
+    "$FAST" applybpe "$out.tmp" "$in" "$CODES_OUT" >>"$OUT_DIR/bpe.log" 2>&1 \
+        || { tail -n 5 "$OUT_DIR/bpe.log" >&2; die "fast applybpe failed on $in"; }
+    n="$(n_lines "$in")"
+    [[ "$(n_lines "$out.tmp")" == "$n" ]] || die "fast applybpe changed the line count of $in"
+    mv -f "$out.tmp" "$out"
+    BPE_DONE=$(( BPE_DONE + n ))
+    progress_line "prepare_data BPE $name" "$BPE_DONE" "$BPE_TOTAL" $(( SECONDS - BPE_START ))
 done
 log "BPE applied ($CODES_OUT)"
 
@@ -238,7 +250,10 @@ DICT_INPUTS=("$OUT_DIR/.dict.params")
 if up_to_date "$BIN/.done" "${BPE_FILES[@]}" "${DICT_INPUTS[@]}"; then
     log "data-bin up to date: $BIN"
 else
-    log "binarising into $BIN"
+    BIN_TOTAL=0
+    for f in "${BPE_FILES[@]}"; do BIN_TOTAL=$(( BIN_TOTAL + $(n_lines "$f") )); done
+    log "binarising $BIN_TOTAL sentences (both sides of the three splits) into $BIN (log: $OUT_DIR/preprocess.log)"
+    BIN_START=$SECONDS
     rm -rf "$BIN.tmp"
     DICT_ARGS=(--joined-dictionary)
     [[ -n "$SRCDICT" ]] && DICT_ARGS+=(--srcdict "$SRCDICT")
@@ -249,6 +264,7 @@ else
     rm -rf "$BIN"
     mv "$BIN.tmp" "$BIN"
     touch "$BIN/.done"
+    progress_line "prepare_data binarise" "$BIN_TOTAL" "$BIN_TOTAL" $(( SECONDS - BIN_START )) final
 fi
 grep -h "replaced" "$OUT_DIR/preprocess.log" 2>/dev/null | sed 's/^.*fairseq_cli.preprocess[^[]*/  /' >&2 || true
 log "done: $BIN (dict $(wc -l <"$BIN/dict.$SRC.txt" | tr -d ' ') types); raw reference: $OUT_DIR/raw/test.$TGT"

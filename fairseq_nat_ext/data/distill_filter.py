@@ -9,7 +9,8 @@ a token 3 or more times in a row in 2,373 of them (the real German side: 2 sente
 learns those loops and, worse, the length 200 as a length class.  A pair is dropped when its target
 repeats one token more than ``--max-repeat`` times in a row (0: no such test) or is longer than
 ``A * source + B`` tokens (``--max-len A,B``; ``off``: no such test), both counted without ``</s>``.
-Both sides of the split are rewritten (token ids unchanged, order kept); one line says what went.
+Both sides of the split are rewritten (token ids unchanged, order kept); one line says what went
+(stdout); the pairs read so far and the rate go to stderr every tenth or ``PROGRESS_INTERVAL`` seconds.
 """
 
 import argparse
@@ -18,6 +19,8 @@ import sys
 from typing import Optional, Sequence, Tuple
 
 import numpy as np
+
+from .progress import Progress
 
 
 def max_runs(items: Sequence[np.ndarray]) -> np.ndarray:
@@ -66,8 +69,9 @@ def _content(item, eos: int) -> np.ndarray:
 
 
 def filter_split(data_bin: str, src: str, tgt: str, split: str = "train", max_repeat: int = 2,
-                 max_len: Optional[Tuple[float, float]] = (2.0, 10.0)) -> dict:
-    """Rewrite DATA_BIN/SPLIT.SRC-TGT.{SRC,TGT} without the degenerate pairs; returns the counts."""
+                 max_len: Optional[Tuple[float, float]] = (2.0, 10.0), progress: bool = False) -> dict:
+    """Rewrite DATA_BIN/SPLIT.SRC-TGT.{SRC,TGT} without the degenerate pairs; returns the counts.
+    ``progress``: report the pairs read (and the rate) on stderr."""
     from fairseq.data import Dictionary, data_utils, indexed_dataset
     import torch
 
@@ -83,8 +87,15 @@ def filter_split(data_bin: str, src: str, tgt: str, split: str = "train", max_re
     if len(data[tgt]) != n:
         raise ValueError(f"{prefixes[tgt]} has {len(data[tgt])} sentences but {prefixes[src]} has {n}")
     eos = dicts[tgt].eos()
-    targets = [_content(data[tgt][i], eos) for i in range(n)]
-    src_lens = np.array([len(_content(data[src][i], dicts[src].eos())) for i in range(n)])
+    progress = Progress("distill_filter", n, unit="pairs") if progress else None
+    targets, src_lens = [], np.zeros(n, dtype=np.int64)
+    for i in range(n):
+        targets.append(_content(data[tgt][i], eos))
+        src_lens[i] = len(_content(data[src][i], dicts[src].eos()))
+        if progress is not None:
+            progress.update()
+    if progress is not None:
+        progress.close()
     looping, too_long = degenerate(src_lens, targets, max_repeat, max_len)
     keep = ~(looping | too_long)
     if n and not keep.any():
@@ -128,7 +139,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.max_repeat < 0:
             raise ValueError(f"--max-repeat must be >= 0, got {args.max_repeat}")
         max_len = parse_max_len(args.max_len)
-        counts = filter_split(args.data_bin, args.src, args.tgt, args.split, args.max_repeat, max_len)
+        counts = filter_split(args.data_bin, args.src, args.tgt, args.split, args.max_repeat, max_len,
+                              progress=True)
     except (ValueError, OSError) as e:
         print(f"error: {e}".replace("\n", " "), file=sys.stderr)
         return 1

@@ -9,7 +9,8 @@
         copies an already-distilled text file (plain or .gz) to OUT_FILE, checking
         that it has N lines of valid UTF-8 without carriage returns
 
-Both print a single ``error: ...`` line and exit 1 on failure.  The module only
+``collect`` reports its progress (sentences, rate) on stderr every tenth or ``PROGRESS_INTERVAL``
+seconds.  All print a single ``error: ...`` line and exit 1 on failure.  The module only
 needs the standard library (fairseq is imported only for the rare non-mmap
 index formats), so it is run as a plain script.
 """
@@ -47,10 +48,27 @@ def count_sentences(data_bin: str, split: str, src: str, tgt: str, lang: str) ->
     return len(dataset)
 
 
-def collect_hypotheses(lines: Sequence[str], n_expected: int, name: str = "generate output") -> List[str]:
+def _load_progress():
+    """fairseq_nat_ext/data/progress.py, also when this file runs as a plain script (no package import)."""
+    try:
+        from .progress import Progress
+    except ImportError:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location(
+            "_fairseq_nat_ext_progress", os.path.join(os.path.dirname(os.path.abspath(__file__)), "progress.py"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        Progress = module.Progress
+    return Progress
+
+
+def collect_hypotheses(lines: Sequence[str], n_expected: int, name: str = "generate output",
+                       progress=None) -> List[str]:
     """Return the best hypothesis per sentence id from fairseq-generate lines.
 
-    Only the first ``H-<id>`` line of each id is kept (``--nbest`` > 1 prints more).
+    Only the first ``H-<id>`` line of each id is kept (``--nbest`` > 1 prints more).  ``progress`` (a
+    :class:`progress.Progress`) is advanced by one per sentence's first hypothesis.
     """
     hyps: List[Optional[str]] = [None] * n_expected
     for lineno, line in enumerate(lines, 1):
@@ -67,6 +85,8 @@ def collect_hypotheses(lines: Sequence[str], n_expected: int, name: str = "gener
             raise ValueError(f"{name} line {lineno}: sentence id {sid} outside 0..{n_expected - 1}")
         if hyps[sid] is None:
             hyps[sid] = fields[2] if len(fields) > 2 else ""
+            if progress is not None:
+                progress.update()
     missing = [i for i, h in enumerate(hyps) if h is None]
     if missing:
         raise ValueError(
@@ -120,8 +140,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(count_sentences(*args[1:]))
         elif args[:1] == ["collect"] and len(args) == 4:
             gen, n, out = args[1], int(args[2]), args[3]
+            progress = _load_progress()("distill collect", n)
             with open(gen, encoding="utf-8") as f:
-                hyps = collect_hypotheses(f, n, name=gen)
+                hyps = collect_hypotheses(f, n, name=gen, progress=progress)
+            progress.close()
             _write_lines(out, hyps)
             n_empty = sum(1 for h in hyps if not h)
             if n_empty:

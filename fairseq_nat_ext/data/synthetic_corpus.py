@@ -62,8 +62,8 @@ draws.
 
 Command line::
 
-    python -m fairseq_nat_ext.data.synthetic_corpus --out DIR [--seed 1] \\
-        [--train 20000 --valid 500 --test 500]
+    python -m fairseq_nat_ext.data.synthetic_corpus DIR [--seed 1] \\
+        [--train 20000 --valid 500 --test 500]          (or --out DIR)
 
 writes ``DIR/{train,valid,test}.{src,tgt}``, one sentence per line (UTF-8,
 ``\\n`` line ends).  The same arguments give byte-identical files.
@@ -363,7 +363,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         description="Write a deterministic multi-modal synthetic translation corpus "
         "to OUT/{train,valid,test}.{src,tgt}.",
     )
-    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("out_dir", nargs="?", metavar="OUT", help="output directory (or --out)")
+    parser.add_argument("--out", help="output directory (the same as OUT)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--train", type=int, default=20000, help="train sentences")
     parser.add_argument("--valid", type=int, default=500, help="valid sentences")
@@ -376,6 +377,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--styles", type=int, default=NUM_STYLES,
                         help=f"number of lexical styles used (1..{NUM_STYLES})")
     args = parser.parse_args(argv)
+    if (args.out is None) == (args.out_dir is None):
+        parser.error("give the output directory once: OUT or --out OUT")
+    args.out = args.out or args.out_dir
     for name in ("train", "valid", "test", "pool_size"):
         if getattr(args, name) < 0:
             parser.error(f"--{name.replace('_', '-')} must be >= 0")
