@@ -38,10 +38,12 @@ Raw text in Python (fairseq's hub interface, the plugin's generators; BPE codes 
     import fairseq_nat_ext
     model = ARCH_MODEL_REGISTRY["mask_predict"].from_pretrained(
         "work/mask_predict", checkpoint_file="checkpoint_avg.pt", data_name_or_path="work/distill/data-bin",
-        tokenizer="moses", bpe="fastbpe", bpe_codes="work/data/bpe.codes", user_dir=fairseq_nat_ext.__path__[0])
+        tokenizer="moses", bpe="fastbpe", bpe_codes="work/data/bpe.codes", source_lang="src", target_lang="tgt",
+        user_dir=fairseq_nat_ext.__path__[0])
     model.translate(["the big dog sees a cat ."], iter_decode_max_iter=10, iter_decode_with_beam=3)
 
-(any registered class works: ``fairseq.models.transformer.TransformerModel.from_pretrained`` loads a
+(``source_lang``/``target_lang``: the data-bin's pair, also the Moses rules' languages; any registered
+class works: ``fairseq.models.transformer.TransformerModel.from_pretrained`` loads a
 plugin checkpoint too, the arch comes from the checkpoint; ``translate`` takes the generation options as
 keyword arguments, the names of :mod:`fairseq_nat_ext.evaluation.decoding`'s table).
 """
