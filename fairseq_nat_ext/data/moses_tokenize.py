@@ -31,17 +31,12 @@ def _tokenize(line: str) -> str:
 
 
 def _load_progress():
-    """fairseq_nat_ext/data/progress.py, also when this file runs as a plain script (no package import)."""
+    """fairseq_nat_ext/data/progress.py, also when this file runs as a plain script (its folder is then
+    the first entry of sys.path)."""
     try:
         from .progress import Progress
     except ImportError:
-        import importlib.util
-
-        spec = importlib.util.spec_from_file_location(
-            "_fairseq_nat_ext_progress", os.path.join(os.path.dirname(os.path.abspath(__file__)), "progress.py"))
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        Progress = module.Progress
+        from progress import Progress
     return Progress
 
 
