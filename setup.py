@@ -41,6 +41,10 @@ setup(
         "hydra-core",
         "regex",
         "tqdm",
+        "bitarray",  # fairseq imports it (data/huffman) at start-up
+        "scikit-learn",  # fairseq imports it (criterions/sentence_prediction) at start-up
+        "packaging",
+        "cffi",
     ],
     extras_require={
         "aligner": ["eflomal"],  # examples/fertility.sh aligner (fertility NAT supervision)
