@@ -379,11 +379,13 @@ def _utf8_lines(stream, name, encoding="utf-8"):
     \\n, \\r\\n and a lone \\r end a line); a bad byte is a one-line :class:`InputError`."""
     for lineno, raw in enumerate(stream, 1):
         try:
-            text = raw.decode(encoding)
+            raw.decode(encoding)
         except UnicodeDecodeError as e:
             raise InputError(f"fairseq-interactive: {name} line {lineno}: not valid {encoding.upper()} "
                              f"(byte 0x{raw[e.start]:02x} at byte {e.start + 1})") from None
-        yield from text.splitlines() if "\r" in text else (text,)
+        # bytes.splitlines ends lines at \n, \r\n and \r only, as a text stream does (str.splitlines
+        # would also split at \x0b, \x1c, \u2028, ...)
+        yield from (piece.decode(encoding) for piece in raw.splitlines())
 
 
 def buffered_read_utf8(input, buffer_size):

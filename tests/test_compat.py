@@ -151,7 +151,7 @@ def test_source_check_turns_a_shim_off_once_fairseq_has_the_fix():
 
 # ---- interactive input: fairseq's lines for every input fairseq read, one line for a bad byte --------
 
-INTERACTIVE_TEXT = "ein Haus .\r\nzwei  Häuser\rdrei\n\nvier ü\n  fünf  "
+INTERACTIVE_TEXT = "ein Haus .\r\nzwei  Häuser\rdrei\n\nvier ü\x0csechs\rsieben\n  fünf  "
 
 
 def _fairseq_lines(path_or_dash, buffer_size=2):

@@ -25,7 +25,7 @@ MACHINE_PATHS = [
     re.escape(_S + "root" + _S),  # root's home
 ]
 # a path starts at the beginning of a line, after whitespace, a quote, '=', '(', ':' ... but not inside
-# a longer path or a URL ("https://host/work/..." or "some/work/dir" are not machine paths)
+# a longer path or a URL (a URL's path or a relative "some/<dir>/x" is not a machine path)
 _PATTERN = re.compile(r"(?<![A-Za-z0-9_.~/-])(?:" + "|".join(MACHINE_PATHS) + ")")
 
 
@@ -64,7 +64,7 @@ def test_pattern_matches_what_it_should():
     w, h, r = _S + "work" + _S, _S + "home" + _S, _S + "root" + _S
     for bad in (f"cd {w}main", f"PATH={h}alice/bin", f"'{r}.cache'", f"({_S}tmp{_S}fresh-1)"):
         assert machine_path_hits(bad), bad
-    for good in ("runs/work/x", "https://example.org/work/x", "~/work/x", "a work item", "/tmp/x"):
+    for good in ("runs" + w + "x", "https://example.org" + w + "x", "~" + w + "x", "a work item", "/tmp/x"):
         assert not machine_path_hits(good), good
 
 
