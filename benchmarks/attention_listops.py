@@ -31,7 +31,7 @@ PLUGIN = os.path.join(REPO, "fairseq_nat_ext")
 SETTINGS = {
     "full": {},
     "local": {"attention_window": 64},
-    "strided": {"attention_stride": 8, "strided_window": 16},
+    "strided": {"attention_stride": 0, "strided_window": -1},  # defaults: l = ceil(sqrt(max positions)), band l
     "global": {"global_tokens": 16, "attention_window": 64},
     "bigbird": {"block_size": 32, "bigbird_window_blocks": 3, "bigbird_global_blocks": 1, "bigbird_random_blocks": 2},
     "linformer": {"linformer_k": 128},

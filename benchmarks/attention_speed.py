@@ -11,7 +11,7 @@ call while the total stays under a few seconds, at least 3 calls in all (the fir
 for fresh pages: with 2 calls the median was their mean), and reports the median ``fwd_bwd_ms``.  A run that
 cannot allocate (address-space limit ``--mem-limit-gb``, CUDA OOM) or is killed gets ``"oom": true``.
 
-Variant settings (the issue's): window 256; stride 8 plus window 64; 16 global tokens plus window
+Variant settings (the issue's): window 256; strided at its defaults (stride and band radius ceil(sqrt(N))); 16 global tokens plus window
 256; bigbird blocks of 64 with 3 window, 2 global and 3 random blocks; linformer k=256; compressed
 kernel = stride = 4; linear with elu and with performer (256 features); lsh bucket 64 with 4 rounds;
 routing sqrt(N) clusters; sinkhorn blocks of 64.  Peer packages (``--peers``) are timed with the
@@ -39,7 +39,7 @@ VARIANTS = {
     "full": ("full", {}),
     "full_explicit": ("full_explicit", {}),
     "local": ("local", {"attention_window": 256}),
-    "strided": ("strided", {"attention_stride": 8, "strided_window": 64}),
+    "strided": ("strided", {"attention_stride": 0, "strided_window": -1}),  # defaults: l = ceil(sqrt(N)), band l
     "global": ("global", {"global_tokens": 16, "attention_window": 256}),
     "bigbird": ("bigbird", {"block_size": 64, "bigbird_window_blocks": 3, "bigbird_global_blocks": 2,
                             "bigbird_random_blocks": 3}),

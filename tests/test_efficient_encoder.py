@@ -51,6 +51,28 @@ def test_encoder_output_ignores_padding(toy_databin, variant):
     torch.testing.assert_close(out[5:, 0], alone, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("extra", [["--encoder-attention-type", "bigbird"], ["--encoder-attention-type", "lsh"],
+                                   ["--encoder-attention-type", "routing"],
+                                   ["--encoder-attention-type", "linear", "--feature-map", "performer"],
+                                   ["--encoder-attention-type", "lsh", "--checkpoint-activations"]])
+def test_every_layer_draws_its_own_random_pattern(toy_databin, extra):
+    """BigBird's random blocks, LSH's evaluation rotations, routing's initial centroids and the Performer's
+    features differ between layers (one --attention-seed, a seed per layer) and are the same when the
+    model is built again (checkpoints and runs reproduce)."""
+    def patterns(model):
+        out = []
+        for layer in model.encoder.layers:
+            attn = getattr(layer, "_checkpoint_wrapped_module", layer).self_attn
+            out.append([b.clone() for m in attn.variants for b in m.buffers() if b.is_floating_point()])
+        return out
+
+    first, again = patterns(build(toy_databin[0], extra)), patterns(build(toy_databin[0], extra))
+    assert first[0], "the variant keeps its random pattern in buffers"
+    assert any(not torch.equal(a, b) for a, b in zip(first[0], first[1])), "layers 0 and 1 share a pattern"
+    for layer, layer_again in zip(first, again):
+        assert all(torch.equal(a, b) for a, b in zip(layer, layer_again))
+
+
 def test_added_global_tokens_are_used_and_removed_from_the_output(toy_databin):
     model = build(toy_databin[0], ["--encoder-attention-type", "global", "--global-mode", "added"])
     enc = model.encoder

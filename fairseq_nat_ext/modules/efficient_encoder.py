@@ -15,7 +15,7 @@ from fairseq.models.transformer import TransformerConfig, TransformerEncoder
 from fairseq.modules import transformer_layer
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 
-from .attention import EfficientSelfAttention, options_from_args, parse_mix
+from .attention import EfficientSelfAttention, layer_options, options_from_args, parse_mix
 from .attention.registry import POSITION_TIED_VARIANTS
 
 
@@ -72,7 +72,10 @@ class EfficientEncoderMixin:
         if self.uses_fairseq_attention:
             return super().build_encoder_layer(args)
         cfg = TransformerConfig.from_namespace(args)
-        layer = EfficientEncoderLayer(cfg, self.attention_spec, self.attention_opts, return_fc=self.return_fc)
+        # fairseq builds the layers in order, one call each: the count is the layer's index (its seed)
+        index = self._layers_built = getattr(self, "_layers_built", -1) + 1
+        layer = EfficientEncoderLayer(cfg, self.attention_spec, layer_options(self.attention_opts, index),
+                                      return_fc=self.return_fc)
         if cfg.checkpoint_activations:
             layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
         return layer

@@ -6,6 +6,7 @@ from .registry import (  # noqa: F401
     AttentionOptions,
     add_attention_args,
     build_attention,
+    layer_options,
     options_from_args,
     parse_mix,
     register_attention,

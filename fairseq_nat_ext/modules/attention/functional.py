@@ -166,6 +166,15 @@ def scatter_positions(values: Tensor, index: Tensor, n: int) -> Tensor:
     return out.scatter(2, index.unsqueeze(-1).expand_as(values), values)
 
 
+def in_recomputation() -> bool:
+    """True while autograd runs a backward pass: a forward called then is activation checkpointing
+    (fairseq's ``--checkpoint-activations`` or ``torch.utils.checkpoint``) recomputing a layer.  Variants
+    with state (routing's centroids, the Performer's redraw counter) change it only outside such a
+    recomputation, so the recomputed forward sees the state the original forward saw and the state
+    advances once per training forward."""
+    return torch._C._current_graph_task_id() != -1
+
+
 def check_max_positions(n: int, max_positions: int, name: str) -> None:
     if n > max_positions:
         from fairseq_nat_ext.compat import InputError

@@ -46,8 +46,8 @@ class AttentionOptions:
     """Options of every variant; command-line flag = ``--`` + field name with ``-`` for ``_``."""
 
     attention_window: int = field(default=64, metadata={"help": "local/global/strided: each token sees this many neighbours on each side"})
-    attention_stride: int = field(default=8, metadata={"help": "strided: keys at this stride (i - j divisible by it)"})
-    strided_window: int = field(default=0, metadata={"help": "strided: also a local window of this radius (0: none)"})
+    attention_stride: int = field(default=0, metadata={"help": "strided: keys at this stride (i - j divisible by it); 0: ceil(sqrt(--max-positions)), the Sparse Transformer's l = sqrt(N)"})
+    strided_window: int = field(default=-1, metadata={"help": "strided: also a local window of this radius; -1: the stride (the Sparse Transformer's band of width l), 0: none"})
     global_tokens: int = field(default=16, metadata={"help": "global: number of global tokens"})
     global_mode: str = field(default="first", metadata={"help": "global: 'first' (the first g tokens of the sequence) or 'added' (g learned tokens prepended by the encoder)"})
     block_size: int = field(default=64, metadata={"help": "bigbird/sinkhorn: block size"})
@@ -66,13 +66,26 @@ class AttentionOptions:
     performer_features: int = field(default=256, metadata={"help": "linear/performer: number of random features"})
     performer_redraw: int = field(default=1000, metadata={"help": "linear/performer: redraw features every this many training forwards (0: never)"})
     max_positions: int = field(default=1024, metadata={"help": "linformer/synthesizer: longest input (position-tied parameters)"})
-    attention_seed: int = field(default=1, metadata={"help": "seed of fixed random patterns (bigbird blocks, lsh rotations, performer features)"})
+    attention_seed: int = field(default=1, metadata={"help": "seed of the random patterns (bigbird blocks, lsh evaluation rotations, performer features, routing's initial centroids); every layer derives its own from it"})
+    layer: int = field(default=0, metadata={"help": "(set by the encoder, not a flag) index of the layer; mixed into the seed"})
+
+    def layer_seed(self) -> int:
+        """Seed of this layer's random patterns: distinct per layer, a fixed function of
+        (--attention-seed, layer), so checkpoints and runs reproduce."""
+        return self.attention_seed * 1000003 + 7919 * self.layer
+
+
+def layer_options(opts: "AttentionOptions", layer: int) -> "AttentionOptions":
+    """``opts`` for encoder layer ``layer`` (its random patterns differ from every other layer's)."""
+    from dataclasses import replace
+
+    return replace(opts, layer=layer)
 
 
 def options_from_args(args) -> AttentionOptions:
     """AttentionOptions from an argparse namespace / omegaconf config (missing fields: defaults)."""
     kw = {f.name: getattr(args, f.name) for f in fields(AttentionOptions)
-          if getattr(args, f.name, None) is not None}
+          if f.name != "layer" and getattr(args, f.name, None) is not None}
     return AttentionOptions(**kw)
 
 
@@ -85,6 +98,8 @@ def add_attention_args(parser, prefix: str = "encoder") -> None:
                         help="per-head mix, e.g. local:2,strided:2,global:2,linear:2 (heads must add up)")
     defaults = AttentionOptions()
     for f in fields(AttentionOptions):
+        if f.name == "layer":
+            continue
         flag = "--" + f.name.replace("_", "-")
         parser.add_argument(flag, type=type(getattr(defaults, f.name)), default=None,
                             help=f.metadata.get("help", "") + f" (default {getattr(defaults, f.name)})")

@@ -1,5 +1,15 @@
-"""``strided``: dilated attention, each token sees the tokens at a multiple of --attention-stride from
-it, optionally plus a local window of radius --strided-window (one softmax over the union)."""
+"""``strided``: the strided pattern of the Sparse Transformer (Child et al. 2019), bidirectional.
+
+Each token sees the tokens at a multiple of the stride l from it (``(i - j) mod l == 0``) and the
+tokens within a local band of radius --strided-window, one softmax over the union (the paper's
+"merged" head, which attends to both of its factorised patterns).  The paper takes l about sqrt(N):
+by default (--attention-stride 0, --strided-window -1) l = ceil(sqrt(--max-positions)) and the band's
+radius is l, so a query reads about N / l + 2 l keys, O(N sqrt(N)) time and memory.  l is set by
+--max-positions, not by the batch's length, so a sequence's pattern never depends on the padding of its
+batch.  The paper's pattern is causal (the previous l tokens and every l-th earlier one); an encoder
+sees both sides, so both are mirrored here."""
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -9,12 +19,23 @@ from .functional import dense_partial, local_partial, merge_partials
 from .registry import register_attention
 
 
+def strided_layout(opts):
+    """(stride l, band radius r) of ``opts``: l = --attention-stride or ceil(sqrt(--max-positions)),
+    r = --strided-window, or l when it is -1."""
+    s = opts.attention_stride if opts.attention_stride > 0 else math.ceil(math.sqrt(opts.max_positions))
+    r = s if opts.strided_window < 0 else opts.strided_window
+    return max(1, s), r
+
+
 @register_attention("strided")
 class StridedAttention(AttentionVariant):
     def forward(self, q, k, v, lengths):
+        """Keys at a multiple of l: positions of one residue class mod l form a sequence of N / l tokens,
+        and each class is one dense attention (l classes of N / l: N^2 / l scores); the band is blocked
+        (O(N r)); the two parts are disjoint (band keys are left out of the strided part) and merged
+        exactly by their log-sum-exp."""
         B, H, N, d = q.shape
-        s = max(1, self.opts.attention_stride)
-        r = self.opts.strided_window
+        s, r = strided_layout(self.opts)
         m = -(-N // s)
         L = m * s
 
@@ -23,7 +44,7 @@ class StridedAttention(AttentionVariant):
 
         pos = torch.arange(L, device=q.device).view(m, s).t()  # (s, m) position of (class, index)
         allowed = (pos.unsqueeze(0) < lengths.view(B, 1, 1)).unsqueeze(2)  # keys: (B, s, 1, m)
-        if r > 0:  # keys inside the window are covered by the local part: count them once
+        if r > 0:  # keys inside the band are covered by the local part: count them once
             near = (pos.unsqueeze(2) - pos.unsqueeze(1)).abs() <= r  # (s, m, m)
             allowed = allowed & ~near.unsqueeze(0)
         out_s, lse_s = dense_partial(by_class(q), by_class(k), by_class(v), allowed.unsqueeze(1),
@@ -36,10 +57,11 @@ class StridedAttention(AttentionVariant):
         return merge_partials(parts)
 
     def pattern(self, lengths, n):
+        s, r = strided_layout(self.opts)
         i = torch.arange(n, device=lengths.device)
         diff = i[:, None] - i[None, :]
-        see = diff.remainder(max(1, self.opts.attention_stride)) == 0
-        if self.opts.strided_window > 0:
-            see = see | (diff.abs() <= self.opts.strided_window)
+        see = diff.remainder(s) == 0
+        if r > 0:
+            see = see | (diff.abs() <= r)
         real = i[None, :] < lengths[:, None]
         return see[None] & real[:, None, :] & real[:, :, None]
