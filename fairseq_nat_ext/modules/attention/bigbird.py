@@ -3,10 +3,15 @@
 The sequence is cut into blocks of --block-size tokens.  The first --bigbird-global-blocks blocks are
 global: their queries see every key and every query sees them.  Every other query block sees its
 window (--bigbird-window-blocks blocks centred on itself), the global blocks, and
---bigbird-random-blocks random blocks among the sequence's own real blocks.  Random blocks are a
-fixed function of (layer seed, head, query block, number of real blocks), so they never point into
-padding and do not depend on it; a random block that repeats a window/global/earlier random block
-is dropped (each key counted once).  Work and memory are O(N * (w + g + r) * block)."""
+--bigbird-random-blocks random blocks.  As in the released code (``np.random.permutation(middle)[:r]``
+per query-block row), the r random blocks of a (head, query block) are distinct and drawn uniformly
+among the candidates: the sequence's own real blocks that are neither global nor in the window; a row
+with fewer than r candidates gets all of them.  The draw is the top r, among the candidates, of a fixed
+random order of the key blocks per (head, query block) drawn once from the layer's seed, so it is a
+fixed function of (layer seed, head, query block, number of real blocks): fixed per layer (as the
+released code fixes its pattern at construction), never pointing into padding and not depending on it.
+Work and memory are O(N * (w + g + r) * block), plus a (batch, H, N / block, N / block) integer
+selection per forward (no gradient) and the order table (H, max blocks, max blocks)."""
 
 import torch
 
@@ -24,36 +29,52 @@ class BigBirdAttention(AttentionVariant):
             from fairseq_nat_ext.compat import InputError
 
             raise InputError(f"--bigbird-window-blocks must be odd (own block +- neighbours), got {opts.bigbird_window_blocks}")
+        # random_rank[h, i, j]: rank of key block j in a fixed random order of query block i's row in head h
+        # (distinct in a row, so top r never ties; float32 holds them exactly); drawn once per layer from
+        # the layer's seed, like the released code's pattern fixed at construction
         rows = -(-opts.max_positions // opts.block_size)
-        gen = torch.Generator().manual_seed(opts.attention_seed)
-        self.register_buffer("random_u", torch.rand(num_heads, rows, max(opts.bigbird_random_blocks, 1), generator=gen),
-                             persistent=False)
+        gen = torch.Generator().manual_seed(opts.layer_seed())
+        order = torch.rand(num_heads, rows, rows, generator=gen).argsort(dim=-1, stable=True)
+        rank = torch.empty_like(order).scatter_(-1, order, torch.arange(rows).expand_as(order))
+        self.register_buffer("random_rank", rank.float(), persistent=False)
 
+    def _apply(self, fn, *args, **kwargs):
+        """.half() / .to(bfloat16) would round the ranks (bf16 holds integers exactly only up to 256) and
+        make rows tie: the table keeps float32 and follows the module's device only."""
+        rank = self.random_rank
+        super()._apply(fn, *args, **kwargs)
+        if self.random_rank.dtype not in (torch.float32, torch.float64):
+            self._buffers["random_rank"] = rank.to(self.random_rank.device)
+        return self
+
+    @torch.no_grad()
     def block_table(self, lengths, nb):
         """(B, H, nb, K) key-block index per query block and (B, H, nb, K) validity, K = w + g + r."""
         o = self.opts
         dev = lengths.device
-        B = lengths.size(0)
+        B, H = lengths.size(0), self.num_heads
         real_blocks = (lengths + o.block_size - 1) // o.block_size  # (B,)
+        rb = real_blocks.view(B, 1, 1, 1)
         qb = torch.arange(nb, device=dev)
         half = o.bigbird_window_blocks // 2
         window = qb[:, None] + torch.arange(-half, half + 1, device=dev)[None, :]  # (nb, w)
-        glob = torch.arange(o.bigbird_global_blocks, device=dev)[None, :].expand(nb, -1)  # (nb, g)
-        r = o.bigbird_random_blocks
-        u = self.random_u[:, :nb, :r].to(dev)  # (H, nb, r)
-        rand = (u[None] * real_blocks.view(B, 1, 1, 1)).long()  # (B, H, nb, r) in [0, real_blocks)
-        H = self.num_heads
-        idx = torch.cat([window.expand(B, H, nb, -1), glob.expand(B, H, nb, -1), rand], dim=-1)
-        w, g = window.size(1), glob.size(1)
-        rb = real_blocks.view(B, 1, 1, 1)
-        ok_window = (window >= g) & (window >= 0)  # global blocks are counted in the global part
-        ok_window = ok_window.expand(B, H, nb, w) & (window < rb)
+        g = o.bigbird_global_blocks
+        glob = torch.arange(g, device=dev)[None, :].expand(nb, -1)  # (nb, g)
+        w = window.size(1)
+        ok_window = ((window >= g) & (window >= 0)).expand(B, H, nb, w) & (window < rb)  # global: the global part
         ok_glob = glob.expand(B, H, nb, g) < rb
-        # random: not in the window, not global, not a repeat of an earlier random block
-        in_window = (rand.unsqueeze(-1) == window.view(1, 1, nb, 1, w)).any(-1)
-        earlier = torch.triu(torch.ones(r, r, dtype=torch.bool, device=dev), diagonal=1)  # [i, j]: i < j
-        repeat = ((rand.unsqueeze(-1) == rand.unsqueeze(-2)) & earlier.t()).any(-1)
-        ok_rand = ~in_window & (rand >= g) & ~repeat & (rand < rb)
+        r = o.bigbird_random_blocks
+        # random: the top r scores among the candidates (real, not global, not in the window) of each row
+        cand = (qb >= g) & ((qb[None, :] - qb[:, None]).abs() > half)  # (nb query, nb key)
+        cand = cand[None, None] & (qb < rb)  # (B, 1, nb, nb)
+        score = self.random_rank[:, :nb, :nb].to(dev)  # (H, nb, nb)
+        top, rand = torch.where(cand, score, -1.0).topk(min(r, nb), dim=-1)  # (B, H, nb, r')
+        ok_rand = top >= 0  # fewer than r candidates: the rest are invalid
+        rand = torch.where(ok_rand, rand, 0)
+        if rand.size(-1) < r:  # more random blocks asked than there are blocks
+            rand = torch.nn.functional.pad(rand, (0, r - rand.size(-1)))
+            ok_rand = torch.nn.functional.pad(ok_rand, (0, r - ok_rand.size(-1)))
+        idx = torch.cat([window.expand(B, H, nb, -1), glob.expand(B, H, nb, -1), rand], dim=-1)
         valid = torch.cat([ok_window, ok_glob, ok_rand], dim=-1)
         return idx.clamp(0, nb - 1), valid
 

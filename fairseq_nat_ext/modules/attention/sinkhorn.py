@@ -1,11 +1,16 @@
 """``sinkhorn``: Sparse Sinkhorn attention (Tay et al. 2020).
 
-The sequence is cut into blocks of --block-size.  A sorting network (per head, linear on the sum of a
-block's keys, one logit per target block position) gives an nb x nb logit matrix that Sinkhorn
-normalisation (--sinkhorn-iters rounds in log space, --sinkhorn-temperature) turns into a relaxed
-permutation P.  Query block i attends to its own block and to the soft-sorted block sum_j P[i, j] K_j
-(values alike), one softmax over both.  Real blocks are only matched with real blocks, and the
-padding share of a sorted key enters as log(mass of real tokens), so padding never counts.
+The sequence is cut into blocks of --block-size.  The sorting network psi of the paper, per head
+(Linear(d, d) -> ReLU -> Linear(d, nb_max)), maps the block-pooled (summed) input of each block to its
+logits over the target block positions, R (nb x nb).  In training Gumbel noise -log(-log U) is added
+(the global torch RNG on the keys' device, so activation checkpointing replays the same noise);
+evaluation is deterministic.  Sinkhorn normalisation of (R + noise) / --sinkhorn-temperature
+(--sinkhorn-iters rounds in log space) turns it into a relaxed permutation P.  Query block i attends
+to its own block and to the soft-sorted block sum_j P[i, j] K_j (values alike), one softmax over both.
+Real blocks are only matched with real blocks, and the padding share of a sorted key enters as
+log(mass of real tokens), so padding never counts.
+Kept simplification: psi reads the sum of the head's KEYS (padding zeroed), not of the layer input X
+as in the paper, since a variant sees only its heads' projections (q, k, v), not X.
 Memory: O(N * 2 * block + (N / block)^2)."""
 
 import torch
@@ -31,22 +36,38 @@ class SinkhornAttention(AttentionVariant):
     def __init__(self, num_heads, head_dim, opts, dropout=0.0):
         super().__init__(num_heads, head_dim, opts, dropout)
         self.max_blocks = -(-opts.max_positions // opts.block_size)
-        self.sort_net = nn.Parameter(torch.empty(num_heads, head_dim, self.max_blocks))
-        nn.init.normal_(self.sort_net, std=head_dim ** -0.5)
+        d, m = head_dim, self.max_blocks
+        # psi, per head: Linear(d, d) -> ReLU -> Linear(d, max_blocks), nn.Linear's initialisation
+        self.psi_w1 = nn.Parameter(torch.empty(num_heads, d, d))
+        self.psi_b1 = nn.Parameter(torch.empty(num_heads, d))
+        self.psi_w2 = nn.Parameter(torch.empty(num_heads, d, m))
+        self.psi_b2 = nn.Parameter(torch.empty(num_heads, m))
+        for p in (self.psi_w1, self.psi_b1, self.psi_w2, self.psi_b2):
+            nn.init.uniform_(p, -d ** -0.5, d ** -0.5)
+
+    def sort_logits(self, pooled):
+        """psi of (B, H, nb, d) block sums: (B, H, nb, nb) logits, row i over the target blocks."""
+        nb, dt = pooled.size(2), pooled.dtype
+        hidden = F.relu(torch.matmul(pooled, self.psi_w1.to(dt)) + self.psi_b1.to(dt)[:, None, :])
+        return torch.matmul(hidden, self.psi_w2[:, :, :nb].to(dt)) + self.psi_b2[:, :nb].to(dt)[:, None, :]
 
     def permutation(self, k, lengths, kb=None):
         """(B, H, nb, nb) relaxed permutation; real blocks map onto real blocks only.  ``kb``: the keys as
-        (B, H, nb, bs, d) blocks with padding zeroed, when the caller has them."""
+        (B, H, nb, bs, d) blocks with padding zeroed, when the caller has them.  Training adds Gumbel noise."""
         B, H, N, d = k.shape
         bs = self.opts.block_size
         nb = -(-N // bs)
         if kb is None:
             real = (torch.arange(nb * bs, device=k.device)[None, :] < lengths[:, None]).to(k.dtype)
             kb = (F.pad(k, (0, 0, 0, nb * bs - N)) * real[:, None, :, None]).view(B, H, nb, bs, d)
-        logits = torch.matmul(kb.sum(3), self.sort_net[:, :, :nb].to(k.dtype)) / self.opts.sinkhorn_temperature
+        logits = self.sort_logits(kb.sum(3))
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # Sinkhorn in fp32 at least
+        if self.training:  # Gumbel noise -log(-log U), U in (0, 1)
+            u = torch.rand(logits.shape, device=logits.device, dtype=logits.dtype).clamp_(1e-10, 1.0 - 1e-7)
+            logits = logits - torch.log(-torch.log(u))
         real_block = torch.arange(nb, device=k.device)[None, :] < ((lengths + bs - 1) // bs)[:, None]  # (B, nb)
         allowed = real_block[:, :, None] == real_block[:, None, :]
-        return sinkhorn(logits.float(), allowed[:, None], self.opts.sinkhorn_iters).to(k.dtype)
+        return sinkhorn(logits / self.opts.sinkhorn_temperature, allowed[:, None], self.opts.sinkhorn_iters).to(k.dtype)
 
     def forward(self, q, k, v, lengths):
         B, H, N, d = q.shape
