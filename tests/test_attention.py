@@ -374,60 +374,6 @@ def test_lsh_buckets_follow_angles():
     assert b1.min() >= 0 and b1.max() < 8
 
 
-@pytest.mark.parametrize("n,clusters,max_positions,lengths", [
-    (23, 4, 24, LENGTHS),  # window ceil(24/4) = 6: 4 chunks, one padding slot (L = 24 > N)
-    (24, 4, 24, torch.tensor([24, 17, 5])),  # L == N: the order is a permutation, scattered straight back
-    (24, 4, 24, torch.tensor([24, 24, 24])),  # no padding at all
-])
-def test_routing_matches_dense_reference_built_from_its_clusters(n, clusters, max_positions, lengths):
-    q, k, v = qkv(N=n)
-    mod = build("routing", AttentionOptions(routing_clusters=clusters, max_positions=max_positions))
-    out = mod(q, k, v, lengths)
-    order_q, order_k, _ = mod.orders(q, k, lengths)
-    w = mod.window
-
-    def chunk_of(order):
-        rank = torch.empty_like(order).scatter_(-1, order, torch.arange(n).expand_as(order).contiguous())
-        return rank // w
-
-    real = (torch.arange(n)[None, :] < lengths[:, None])[:, None, None, :]
-    see = (chunk_of(order_q)[..., :, None] == chunk_of(order_k)[..., None, :]) & real
-    assert_real_close(out, reference(q, k, v, see), lengths)
-
-
-def test_routing_centroid_update_is_the_ema_of_assigned_means():
-    """Slow reference: per head and cluster, the mean of the real q and k unit vectors assigned to it."""
-    q, k, v = qkv()
-    mod = build("routing", AttentionOptions(routing_clusters=4, max_positions=24, routing_decay=0.7)).train()
-    before = mod.centroids.clone()
-    _, _, (qn, kn, cq, ck) = mod.orders(q, k, LENGTHS)
-    mod(q, k, v, LENGTHS)
-    H, C, _ = before.shape
-    for h in range(H):
-        for c in range(C):
-            picked = [x[b, h, i] for x, cl in ((qn, cq), (kn, ck)) for b in range(3) for i in range(int(LENGTHS[b]))
-                      if cl[b, h, i] == c]
-            if not picked:
-                assert torch.equal(mod.centroids[h, c], before[h, c]), "a cluster nobody joined stays put"
-                continue
-            want = 0.7 * before[h, c] + 0.3 * torch.stack(picked).mean(0)
-            torch.testing.assert_close(mod.centroids[h, c], want / want.norm())
-
-
-def test_routing_clusters_group_similar_vectors_and_centroids_move_in_training():
-    q, k, v = qkv()
-    mod = build("routing", AttentionOptions(routing_clusters=4, max_positions=24, routing_decay=0.5))
-    before = mod.centroids.clone()
-    mod(q, k, v, LENGTHS)
-    assert torch.equal(mod.centroids, before), "eval never moves the centroids"
-    mod.train()
-    mod(q, k, v, LENGTHS)
-    assert not torch.equal(mod.centroids, before)
-    torch.testing.assert_close(mod.centroids.norm(dim=-1), torch.ones(2, 4, dtype=torch.float64))
-    # nearest centroid: a centroid itself is assigned to itself
-    assert torch.equal(mod.assign(mod.centroids[None]), torch.arange(4).expand(1, 2, 4))
-
-
 def test_sinkhorn_permutation_is_doubly_stochastic_within_real_blocks():
     q, k, v = qkv()
     mod = build("sinkhorn", AttentionOptions(block_size=4, sinkhorn_iters=100, sinkhorn_temperature=4.0, max_positions=64))

@@ -1,13 +1,29 @@
-"""``routing``: Routing Transformer attention (Roy et al. 2021): online k-means over queries and keys.
+"""``routing``: Routing Transformer attention (Roy et al. 2021), balanced routing as in the released code.
 
-Queries and keys are unit-normalised and assigned to their nearest of k centroids
-(--routing-clusters, default sqrt(--max-positions)).  For balanced, batched work the queries are
-sorted by (cluster, position) and cut into chunks of w = ceil(max_positions / k) tokens, the keys
-likewise; query chunk i attends to key chunk i, so each query sees the keys of its own and adjacent
-clusters in a w-sized window of the cluster order: O(N * w).  Padding sorts after the real tokens
-(a sequence of n tokens has n real queries and n real keys, so real chunks pair with real chunks).
-Centroids are buffers updated in training by an exponential moving average (--routing-decay) of the
-vectors assigned to them (no gradient), as in the paper."""
+Every head keeps C unit-norm centroids mu_1 .. mu_C (--routing-clusters, 0: ceil(sqrt(--max-positions))).
+Queries and keys are unit-normalised; with the window w = ceil(max_positions / C) (at most N), centroid c
+selects the w REAL queries with the largest q^.mu_c and, separately, the w REAL keys with the largest k^.mu_c
+(all real tokens of a sequence shorter than w; padding is never selected; equal similarities, as computed
+in float32 or wider, go to the lower position).
+The query slots of cluster c attend, in one softmax scaled by 1/sqrt(d), to exactly the keys of cluster c,
+and a query's output is the mean of its outputs over the clusters that selected it (``distribution`` =
+top-w per centroid, then ``scatter_mean``, as lucidrains' ``KmeansAttention``).  A query that no centroid
+selects outputs ZEROS from these heads, as in the released code: the paper combines routing heads with
+local heads (e.g. ``--encoder-attention-mix local:4,routing:4``).  Outputs at real positions do not depend
+on the padding.  Time O(C w^2 d) = O(max_positions w d) per head, memory O(N C + C w d): no N x N tensor.
+
+The centroids (a persistent buffer: checkpoints hold them) follow, without gradient, an exponential moving
+average (--routing-decay) of the mean of the real unit queries and keys nearest to them (argmax), as in the
+paper.  A training forward computes the new centroids into ``pending_centroids`` and leaves ``centroids``
+alone; the update is applied at the start of the next forward (training or evaluation) and before a
+``state_dict`` is taken.  So a forward is a pure function of the module's state: under activation
+checkpointing (``--checkpoint-activations``, ``torch.utils.checkpoint``) the recomputed forward, which runs
+inside the backward pass (:func:`functional.in_recomputation`), sees the centroids the original forward
+saw and neither applies nor computes an update; the centroids move once per training forward.  In
+distributed training (torch.distributed initialised, world size > 1) the per-centroid sums and counts are
+summed over all ranks before the average, so every rank keeps the same centroids.  The initial centroids
+are drawn from ``opts.layer_seed()`` (a seed per layer).
+"""
 
 import math
 
@@ -15,8 +31,37 @@ import torch
 import torch.nn.functional as F
 
 from .base import AttentionVariant
-from .functional import check_max_positions, fused_attention, with_a_key_per_row
+from .functional import check_max_positions, fused_attention, in_recomputation, with_a_key_per_row
 from .registry import register_attention
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """Sum ``t`` in place over the ranks of the default process group (nothing outside distributed
+    training); returns ``t``."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t)
+    return t
+
+
+def top_positions(scores: torch.Tensor, lengths: torch.Tensor, w: int, padded: bool = True) -> torch.Tensor:
+    """scores (B, H, C, N), overwritten -> (B, H, C, w) the positions of the w largest scores of every row among
+    the real positions (< lengths[b]), by decreasing score, ties to the lower position; when a sequence has
+    fewer than w real tokens, its padding positions fill the last slots (slot j holds a real token exactly
+    when j < lengths[b]).  ``padded``: False when no sequence of the batch has padding."""
+    N = scores.size(-1)
+    if padded:
+        scores.masked_fill_(torch.arange(N, device=scores.device) >= lengths.view(-1, 1, 1, 1), float("-inf"))
+    if w >= N:
+        return scores.topk(N, dim=-1).indices  # every position: the order of ties does not matter
+    # topk orders ties as it likes; only a tie between the w-th and the (w+1)-th score changes which tokens
+    # are chosen (the order inside the selection does not matter): rare, and then a stable sort settles it
+    top, idx = scores.topk(w + 1, dim=-1)
+    tied = (top[..., w - 1] == top[..., w]) & (top[..., w - 1] > float("-inf"))
+    if bool(tied.any()):
+        idx = torch.sort(scores, dim=-1, descending=True, stable=True).indices
+    return idx[..., :w]
 
 
 @register_attention("routing")
@@ -25,70 +70,95 @@ class RoutingAttention(AttentionVariant):
         super().__init__(num_heads, head_dim, opts, dropout)
         self.n_clusters = opts.routing_clusters or math.ceil(math.sqrt(opts.max_positions))
         self.window = math.ceil(opts.max_positions / self.n_clusters)
-        gen = torch.Generator().manual_seed(opts.attention_seed)
+        gen = torch.Generator().manual_seed(opts.layer_seed())
         self.register_buffer("centroids", F.normalize(torch.randn(num_heads, self.n_clusters, head_dim, generator=gen), dim=-1))
+        # the centroids a training forward computed, applied by the next forward (or state_dict)
+        self.register_buffer("pending_centroids", None, persistent=False)
 
-    def assign(self, x):
-        """x (B, H, N, d) unit vectors -> nearest centroid (B, H, N)."""
-        return torch.einsum("bhnd,hcd->bhnc", x, self.centroids.to(x.dtype)).argmax(-1)
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, clusters={self.n_clusters}, window={self.window}"
 
-    def order(self, clusters, lengths):
-        B, H, N = clusters.shape
-        pos = torch.arange(N, device=clusters.device)
-        key = (clusters * N + pos).masked_fill(pos[None, None, :] >= lengths.view(B, 1, 1), torch.iinfo(torch.long).max)
-        return key.argsort(-1)
+    def similarities(self, x):
+        """x (B, H, N, d) -> (cosine similarities to the centroids (B, H, C, N), unit vectors (B, H, N, d)),
+        both in float32 at least (no gradient)."""
+        dt = torch.promote_types(x.dtype, torch.float32)
+        unit = F.normalize(x.detach().to(dt), dim=-1)
+        return torch.matmul(self.centroids.to(dt), unit.transpose(-1, -2)), unit
 
     @torch.no_grad()
-    def update_centroids(self, xs, clusters, lengths):
-        """EMA of the mean unit vector assigned to each centroid, over real tokens of q and k: sums by index_add
-        over (head, cluster) rows of the vectors as they lie (B, H, N, d), padding sent to one extra row that is
-        dropped (no (B, H, N, C) one-hot, no copy of the vectors)."""
+    def updated_centroids(self, units, sims, lengths):
+        """The EMA step: every centroid moves towards the mean of the real unit vectors (queries and keys) whose
+        nearest centroid (argmax) it is, then is renormalised; a centroid nobody chose stays.  Sums by index_add
+        over (head, cluster) rows (padding goes to an extra row that is dropped), summed over the ranks in
+        distributed training."""
         H, C, d = self.centroids.shape
-        dev = self.centroids.device
-        sums = torch.zeros(H * C + 1, d, dtype=torch.float32, device=dev)
-        counts = torch.zeros(H * C + 1, dtype=torch.float32, device=dev)
+        dt, dev = units[0].dtype, units[0].device
+        sums = torch.zeros(H * C + 1, d, dtype=dt, device=dev)
+        counts = torch.zeros(H * C + 1, dtype=torch.long, device=dev)
         head = (torch.arange(H, device=dev) * C).view(1, H, 1)
-        for x, c in zip(xs, clusters):
-            pad = torch.arange(x.size(2), device=x.device)[None, None, :] >= lengths.view(-1, 1, 1)  # (B, 1, N)
-            rows = (c + head).masked_fill(pad, H * C).flatten()
-            sums.index_add_(0, rows, x.reshape(-1, d).float())
-            counts.index_add_(0, rows, torch.ones(rows.numel(), device=dev))
-        sums, counts = sums[:-1].view(H, C, d), counts[:-1].view(H, C)
-        seen = counts > 0
-        mean = sums / counts.clamp_min(1).unsqueeze(-1)
+        for x, s in zip(units, sims):  # queries, keys
+            pad = torch.arange(x.size(2), device=dev) >= lengths.view(-1, 1, 1)  # (B, 1, N)
+            rows = (s.max(2).indices + head).masked_fill_(pad, H * C).flatten().to(torch.int32)
+            sums.index_add_(0, rows, x.reshape(-1, d))
+            counts += torch.bincount(rows, minlength=H * C + 1)
+        both = all_reduce_sum(torch.cat([sums[:-1], counts[:-1, None].to(dt)], 1)).view(H, C, d + 1)
+        sums, counts = both[..., :d], both[..., d:]
+        old = self.centroids.to(dt)
         decay = self.opts.routing_decay
-        new = F.normalize(decay * self.centroids.float() + (1 - decay) * mean, dim=-1)
-        self.centroids.copy_(torch.where(seen.unsqueeze(-1), new, self.centroids.float()).to(self.centroids.dtype))
+        new = F.normalize(decay * old + (1 - decay) * sums / counts.clamp_min(1), dim=-1)
+        return torch.where(counts > 0, new, old).to(self.centroids.dtype)
 
-    def orders(self, q, k, lengths):
-        qn, kn = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
-        cq, ck = self.assign(qn), self.assign(kn)
-        return self.order(cq, lengths), self.order(ck, lengths), (qn, kn, cq, ck)
+    @torch.no_grad()
+    def apply_pending_update(self):
+        if self.pending_centroids is not None:
+            self.centroids.copy_(self.pending_centroids)
+            self.pending_centroids = None
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        self.apply_pending_update()  # checkpoints hold the centroids after the last training forward
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        self.pending_centroids = None  # computed from the centroids being replaced
+        super()._load_from_state_dict(*args, **kwargs)
+
+    def routes(self, q, k, lengths, padded=True):
+        """(query positions, key positions) of every cluster, each (B, H, C, w) (see :func:`top_positions`); in a
+        training forward outside a recomputation, also computes the pending centroid update."""
+        w = min(self.window, q.size(2))
+        with torch.no_grad():
+            sq, uq = self.similarities(q)
+            sk, uk = self.similarities(k)
+            if self.training and not in_recomputation():
+                self.pending_centroids = self.updated_centroids((uq, uk), (sq, sk), lengths)
+            return top_positions(sq, lengths, w, padded), top_positions(sk, lengths, w, padded)
 
     def forward(self, q, k, v, lengths):
         B, H, N, d = q.shape
         check_max_positions(N, self.opts.max_positions, "routing")
-        w = min(self.window, N)
-        nc = -(-N // w)
-        L = nc * w
-        order_q, order_k, (qn, kn, cq, ck) = self.orders(q, k, lengths)
-        if self.training:
-            self.update_centroids([qn.detach(), kn.detach()], [cq, ck], lengths)
-        # gathers read the unpadded tensors (the chunks' padding slots read position N - 1 and are masked
-        # as keys; as queries their output goes to a dump row); without padding slots (L == N) the order
-        # is a permutation and the output is scattered straight back
-        oq, ok = F.pad(order_q, (0, L - N), value=N), F.pad(order_k, (0, L - N), value=N)
-        gq, gk = oq.clamp(max=N - 1), ok.clamp(max=N - 1)
+        if not in_recomputation():
+            self.apply_pending_update()
+        if B * N == 0:
+            return q.new_zeros(B, H, N, d)
+        C, w = self.n_clusters, min(self.window, N)
+        shortest = int(lengths.min())
+        padded, short = shortest < N, shortest < w
+        iq, ik = self.routes(q, k, lengths, padded)
+        with torch.no_grad():
+            # rows of the (B H N, d) views; int32 indices take torch's fast index_add path on CPU
+            itype = torch.int32 if B * H * N < 2 ** 31 else torch.long
+            base = torch.arange(0, B * H * N, N, device=q.device).view(B, H, 1, 1)
+            rq, rk = (iq + base).flatten().to(itype), (ik + base).flatten().to(itype)
+            # scatter-mean weights: 1 / the number of clusters that selected the query
+            share = torch.bincount(rq, minlength=B * H * N).clamp_min_(1).to(q.dtype).reciprocal_().index_select(0, rq)
 
-        def chunked(t, o):
-            return t.gather(2, o.unsqueeze(-1).expand(B, H, L, d)).view(B, H, nc, w, d)
+        def rows(t, index):
+            return t.reshape(B * H * N, d).index_select(0, index).view(B * H, C, w, d)
 
-        qs, ks, vs = chunked(q, gq), chunked(k, gk), chunked(v, gk)
-        # chunk c holds real queries exactly when it holds real keys (both sorted real-first), so only
-        # chunks of padding allow no key
-        allowed = with_a_key_per_row(ok.view(B, H, nc, 1, w) < lengths.view(B, 1, 1, 1, 1))
-        out = fused_attention(qs.flatten(0, 1), ks.flatten(0, 1), vs.flatten(0, 1), allowed.flatten(0, 1),
-                              self.dropout, self.training).reshape(B, H, L, d)
-        if L == N:
-            return out.new_empty(B, H, N, d).scatter_(2, oq.unsqueeze(-1).expand(B, H, N, d), out)
-        return out.new_zeros(B, H, N + 1, d).scatter_(2, oq.unsqueeze(-1).expand(B, H, L, d), out)[:, :, :N]
+        allowed = None
+        if short:  # slot j of a cluster holds a real key exactly when j < length
+            real = torch.arange(w, device=q.device) < lengths.view(B, 1, 1, 1, 1)
+            allowed = with_a_key_per_row(real).expand(B, H, 1, 1, w).reshape(B * H, 1, 1, w)
+        out = fused_attention(rows(q, rq), rows(k, rk), rows(v, rk), allowed, self.dropout, self.training)
+        out = out.reshape(-1, d) * share.unsqueeze(-1)
+        return out.new_zeros(B * H * N, d).index_add(0, rq, out).view(B, H, N, d)
