@@ -196,6 +196,7 @@ def test_performer_redraws_features_during_training_only():
     assert torch.equal(mod.features, first)
     mod(q, k, v, LENGTHS)
     assert not torch.equal(mod.features, first)
+    assert (mod.forwards, mod.redraws) == (2, 1), "eval forwards are not counted"
 
 
 def test_synthesizers_match_their_definitions():
@@ -338,27 +339,38 @@ def test_bigbird_random_blocks_stay_inside_the_real_sequence_and_ignore_padding(
     assert torch.equal(valid_alone[0], valid[0, :, :5])
 
 
-def test_lsh_matches_dense_reference_built_from_its_buckets():
+@pytest.mark.parametrize("lengths", [LENGTHS, torch.tensor([23, 4, 1]), torch.tensor([9, 8, 5])])
+def test_lsh_matches_dense_reference_built_from_its_buckets(lengths):
+    """Against a reference independent of the module's chunk logic: buckets re-hashed from its evaluation
+    rotations (argmax [xR, -xR], the sequence's own bucket count), sorted by (bucket, position) and chunked in
+    Python; each chunk sees itself and the previous one (the first chunk the last one, a single chunk only
+    itself), the self penalty, rounds merged by log-sum-exp.  One-chunk (4, 1) and two-chunk (8, 5) sequences."""
     q, k, v = qkv()
     mod = build("lsh", SMALL)
-    out = mod(q, k, v, LENGTHS)
-    N, c = 23, SMALL.lsh_bucket_size
+    out = mod(q, k, v, lengths)
+    c, d = SMALL.lsh_bucket_size, 8
     keys = torch.nn.functional.normalize(q, dim=-1)
-    real = (torch.arange(N)[None, :] < LENGTHS[:, None])[:, None, None, :]
-    outs, lses = [], []
-    for rnd in range(SMALL.lsh_rounds):
-        order = mod.sorted_order(q, LENGTHS, rnd)
-        rank = torch.empty_like(order).scatter_(-1, order, torch.arange(N).expand_as(order).contiguous())
-        chunk = rank // c
-        diff = chunk[..., :, None] - chunk[..., None, :]
-        see = ((diff == 0) | (diff == 1)) & real
-        scores = q @ keys.transpose(-1, -2) / math.sqrt(8) - 1e5 * torch.eye(N, dtype=q.dtype)
-        scores = scores.masked_fill(~see, float("-inf"))
-        lses.append(torch.logsumexp(scores, -1))
-        outs.append(torch.softmax(scores, -1) @ v)
-    total = torch.logsumexp(torch.stack(lses), 0)
-    ref = sum(torch.exp(l - total).unsqueeze(-1) * o for l, o in zip(lses, outs))
-    assert_real_close(out, ref, LENGTHS)
+    ref = torch.zeros_like(q)
+    for b, n in enumerate(lengths.tolist()):
+        for h in range(2):
+            outs, lses = [], []
+            for rot in mod.rotations[:, h]:
+                xr = q[b, h, :n] @ rot[:, :max(1, -(-n // (2 * c)))]
+                buckets = torch.cat([xr, -xr], -1).argmax(-1).tolist()
+                order = sorted(range(n), key=lambda i: (buckets[i], i))
+                chunks = [order[j:j + c] for j in range(0, n, c)]
+                see = torch.zeros(n, n, dtype=torch.bool)
+                for i, chunk in enumerate(chunks):
+                    seen = list(set(chunk) | (set(chunks[i - 1]) if len(chunks) > 1 else set()))
+                    for t in chunk:
+                        see[t, seen] = True
+                scores = q[b, h, :n] @ keys[b, h, :n].t() / math.sqrt(d) - 1e5 * torch.eye(n, dtype=q.dtype)
+                scores = scores.masked_fill(~see, float("-inf"))
+                lses.append(torch.logsumexp(scores, -1))
+                outs.append(torch.softmax(scores, -1) @ v[b, h, :n])
+            total = torch.logsumexp(torch.stack(lses), 0)
+            ref[b, h, :n] = sum(torch.exp(l - total).unsqueeze(-1) * o for l, o in zip(lses, outs))
+    assert_real_close(out, ref, lengths)
 
 
 def test_lsh_buckets_follow_angles():

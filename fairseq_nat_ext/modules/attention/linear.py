@@ -2,7 +2,15 @@
 
 --feature-map elu (elu(x) + 1, Katharopoulos et al. 2020), relu, or performer (FAVOR+: positive
 orthogonal random features approximating the softmax kernel, Choromanski et al. 2021, redrawn
-every --performer-redraw training forwards)."""
+every --performer-redraw training forwards).
+
+Performer redraws: draw r of a layer is seeded by (--attention-seed, the layer's index, r), so every
+layer has its own features and a run reproduces.  The counters (training forwards, redraws) advance
+only in training forwards that are not an activation-checkpointing recomputation, so
+--checkpoint-activations recomputes with the features of the original forward and counts each step
+once; they are saved in the state dict next to the features (keys ``forwards`` and ``redraws``), so a
+resumed run continues the draw sequence.  A state dict without them (older checkpoints) loads with
+the counters left as they are (0 in a fresh model)."""
 
 import math
 
@@ -12,10 +20,11 @@ import torch.nn.functional as F
 from fairseq_nat_ext.compat import InputError
 
 from .base import AttentionVariant
-from .functional import valid_keys
+from .functional import in_recomputation, valid_keys
 from .registry import register_attention
 
 FEATURE_MAPS = ("elu", "relu", "performer")
+COUNTERS = ("forwards", "redraws")  # performer redraw state, saved in the state dict
 
 
 def orthogonal_gaussian(m: int, d: int, generator: torch.Generator) -> torch.Tensor:
@@ -43,8 +52,27 @@ class LinearAttention(AttentionVariant):
             self.register_buffer("features", self._draw(), persistent=True)
 
     def _draw(self):
-        gen = torch.Generator().manual_seed(self.opts.attention_seed * 1000003 + self.redraws)
+        """The features of draw number ``self.redraws`` of this layer."""
+        gen = torch.Generator().manual_seed((self.opts.layer_seed() * 1000003 + self.redraws) % 2 ** 63)
         return orthogonal_gaussian(self.opts.performer_features, self.head_dim, gen)
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        if self.feature_map == "performer":
+            for name in COUNTERS:
+                destination[prefix + name] = torch.tensor(getattr(self, name), dtype=torch.long)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        counters = {name: int(state_dict[prefix + name]) for name in COUNTERS if prefix + name in state_dict}
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+        for name in COUNTERS:
+            if prefix + name in unexpected_keys:
+                unexpected_keys.remove(prefix + name)
+        if self.feature_map == "performer":  # absent (older checkpoints): left as they are
+            for name, value in counters.items():
+                setattr(self, name, value)
 
     def phi(self, x, is_query, real=None):
         """Feature map of queries or keys (B, H, N, d) -> (B, H, N, m); ``real`` (B, 1, N, 1) marks real keys
@@ -59,7 +87,7 @@ class LinearAttention(AttentionVariant):
         return self.features.to(x.dtype) / self.head_dim ** 0.25
 
     def forward(self, q, k, v, lengths):
-        if self.feature_map == "performer" and self.training:
+        if self.feature_map == "performer" and self.training and not in_recomputation():
             self.forwards += 1
             if self.opts.performer_redraw and self.forwards % self.opts.performer_redraw == 0:
                 self.redraws += 1
