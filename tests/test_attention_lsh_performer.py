@@ -44,6 +44,7 @@ def test_lsh_rotations_are_fresh_in_every_training_forward_and_fixed_in_eval():
     assert mod.current_rotations(q) is mod.rotations
     assert torch.equal(mod(q, k, v, lengths), mod(q, k, v, lengths)), "eval: the same rotations every time"
     assert "rotations" not in mod.state_dict()
+    assert torch.equal(mod.sorted_order(q, lengths, 1), mod.sorted_order(q, lengths, mod.rotations[1]))
 
 
 def test_lsh_rotations_differ_per_layer_and_follow_the_seed():

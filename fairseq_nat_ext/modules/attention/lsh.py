@@ -71,8 +71,11 @@ class LSHAttention(AttentionVariant):
         return torch.randn(self.opts.lsh_rounds, q.size(1), q.size(3), half, device=q.device, dtype=q.dtype)
 
     def sorted_order(self, q, lengths, rotations):
-        """(B, H, N) positions sorted by (bucket, position) under ``rotations`` (H, d, R/2); padding last."""
+        """(B, H, N) positions sorted by (bucket, position) under ``rotations`` (H, d, R/2), or an int: that
+        round's evaluation rotations (pictures); padding last."""
         B, H, N, _ = q.shape
+        if isinstance(rotations, int):
+            rotations = self.rotations[rotations]
         buckets = lsh_buckets(q, rotations, n_buckets_for(lengths, self.opts.lsh_bucket_size))
         pos = torch.arange(N, device=q.device)
         key = buckets * N + pos
