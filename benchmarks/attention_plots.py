@@ -42,11 +42,13 @@ def pattern_of(name, n, seed=0):
         for rnd in range(opts.lsh_rounds):
             chunk = ranks(mod.sorted_order(q, lengths, rnd))[0, 0] // opts.lsh_bucket_size
             diff = chunk[:, None] - chunk[None, :]
-            see |= (diff == 0) | (diff == 1)
+            see |= (diff == 0) | (diff == 1) | (diff == -int(chunk.max()))  # chunk 0 looks back to the last one
         return see
-    if name == "routing":
-        order_q, order_k, _ = mod.orders(q, k, lengths)
-        return (ranks(order_q)[0, 0][:, None] // mod.window) == (ranks(order_k)[0, 0][None, :] // mod.window)
+    if name == "routing":  # query i sees key j when some centroid picked both
+        iq, ik = mod.routes(q, k, lengths)  # (B, H, C, w) positions
+        pick_q = torch.zeros(iq.size(2), n, dtype=torch.bool).scatter_(1, iq[0, 0].long(), True)
+        pick_k = torch.zeros(ik.size(2), n, dtype=torch.bool).scatter_(1, ik[0, 0].long(), True)
+        return (pick_q.float().t() @ pick_k.float()) > 0
     if name == "sinkhorn":
         P = mod.permutation(k, lengths)[0, 0]
         blocks = torch.eye(P.size(0), dtype=torch.bool) | (P > 0.05)

@@ -285,7 +285,7 @@ class _LargestTensor(TorchDispatchMode):
 def test_only_quadratic_variants_build_n_by_n_tensors(name):
     """Record every tensor created in forward+backward: sub-quadratic variants stay far below N^2."""
     N = 1024
-    opts = AttentionOptions(attention_window=16, attention_stride=64, global_tokens=4, linformer_k=32,
+    opts = AttentionOptions(attention_window=16, attention_stride=64, strided_window=16, global_tokens=4, linformer_k=32,
                             block_size=16, bigbird_global_blocks=1, lsh_bucket_size=16, lsh_rounds=2, routing_clusters=32,
                             compress_kernel=16, performer_features=32, max_positions=N)
     mod = build_attention(name, 1, 8, opts)
@@ -325,6 +325,34 @@ def test_bad_attention_options_are_one_line_errors(args, msg):
     with pytest.raises(InputError, match=msg) as err:
         parse_mix(*args)
     assert "\n" not in str(err.value) and "--encoder-attention" in str(err.value)
+
+
+@pytest.mark.parametrize("name", sorted(set(ALL) - QUADRATIC_VARIANTS))
+def test_no_n_by_n_tensor_at_default_options(name):
+    """The same recorder at each variant's DEFAULT options (only --max-positions set to N): a variant
+    whose defaults are quadratic (e.g. a fixed stride: N^2 / s) fails here whatever a tuned test shows."""
+    N = 4096
+    mod = build_attention(name, 1, 8, AttentionOptions(max_positions=N))
+    q, k, v = [torch.randn(1, 1, N, 8, requires_grad=True) for _ in range(3)]
+    with _LargestTensor() as rec:
+        mod(q, k, v, torch.tensor([N - 5])).sum().backward()
+    assert rec.largest < N * N / 8, f"{name} built a tensor of {rec.largest} elements (N^2 = {N * N})"
+
+
+def test_strided_default_pattern_is_the_sparse_transformers():
+    """Child et al. 2019, strided pattern with l = ceil(sqrt(N)): key j is visible from query i when
+    (i - j) mod l == 0 or |i - j| <= l (the band of width l, mirrored for an encoder); plain loops."""
+    n = 50
+    mod = build("strided", AttentionOptions(max_positions=n))
+    lengths = torch.tensor([n, 31])
+    q, k, v = qkv(B=2, N=n)
+    l = math.ceil(math.sqrt(n))
+    see = torch.zeros(2, n, n, dtype=torch.bool)
+    for b, length in enumerate(lengths.tolist()):
+        for i in range(length):
+            for j in range(length):
+                see[b, i, j] = (i - j) % l == 0 or abs(i - j) <= l
+    assert_real_close(mod(q, k, v, lengths), reference(q, k, v, see), lengths)
 
 
 def test_bigbird_random_blocks_stay_inside_the_real_sequence_and_ignore_padding():
