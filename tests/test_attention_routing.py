@@ -175,9 +175,31 @@ def test_centroid_update_is_the_ema_of_the_nearest_unit_vectors_applied_by_the_n
     assert torch.equal(mod.centroids, before), "a forward is a pure function of the state: update deferred"
     want = ema_reference(before, q, k, lengths, 0.7)
     assert not torch.allclose(want, before)
-    mod.eval()(q, k, v, lengths)  # the next forward (here an evaluation) applies it
+    # an evaluation forward routes with the pending centroids but does not commit them
+    routed = mod.eval()(q, k, v, lengths)
+    assert torch.equal(mod.centroids, before)
+    committed = copy.deepcopy(mod)
+    committed.centroids.copy_(want)
+    committed.pending_centroids = None
+    torch.testing.assert_close(routed, committed(q, k, v, lengths))
+    mod.train()(q, k, v, lengths)  # the next training forward commits it
     torch.testing.assert_close(mod.centroids, want)
     torch.testing.assert_close(mod.centroids.norm(dim=-1), torch.ones(2, 4, dtype=torch.float64))
+
+
+def test_half_precision_module_keeps_float32_centroids():
+    """An EMA step at decay 0.999 is below fp16 / bf16 rounding: the centroids stay float32 under .half()."""
+    mod = build_attention("routing", 2, 8, AttentionOptions(routing_clusters=4, max_positions=24)).train()
+    before = mod.centroids.clone()
+    q, k, v = [t.detach().float() for t in inputs()]
+    lengths = torch.tensor([23, 17, 5])
+    for dtype in (torch.float16, torch.bfloat16):
+        mod.to(dtype)
+        assert mod.centroids.dtype == torch.float32
+        out = mod(q.to(dtype), k.to(dtype), v.to(dtype), lengths)
+        assert out.dtype == dtype and torch.isfinite(out).all()
+        mod(q.to(dtype), k.to(dtype), v.to(dtype), lengths)  # commits the first forward's update
+        assert mod.centroids.dtype == torch.float32 and not torch.equal(mod.centroids, before)
 
 
 def test_eval_never_moves_centroids_and_training_moves_them_once_per_forward():
@@ -272,6 +294,43 @@ def test_activation_checkpointing_gives_the_plain_layer_s_outputs_gradients_and_
         for a, b in zip(p1, p2):
             torch.testing.assert_close(a, b)
         assert torch.equal(c1, c2), f"step {step}: centroids after the step"
+
+
+@pytest.mark.parametrize("how", ["torch", "fairseq"])
+def test_an_evaluation_forward_between_forward_and_backward_leaves_checkpointed_gradients_exact(how):
+    """The Imputer runs its encoder in evaluation mode between the training forward and the backward pass: the
+    checkpointed layer's recomputation must still route with the centroids of the original forward."""
+    torch.manual_seed(0)
+    plain = Block().double().train()
+    ckpt = copy.deepcopy(plain)
+    if how == "torch":
+        from torch.utils.checkpoint import checkpoint
+
+        run = lambda x, pad: checkpoint(ckpt, x, pad, use_reentrant=True)  # noqa: E731
+    else:
+        from fairseq.modules.checkpoint_activations import checkpoint_wrapper
+
+        run = checkpoint_wrapper(ckpt)
+    pad = torch.zeros(3, 11, dtype=torch.bool)
+    pad[1, :4] = True
+    g = torch.Generator().manual_seed(2)
+    for step in range(3):
+        x = torch.randn(11, 3, 16, generator=g, dtype=torch.float64)
+        other = torch.randn(11, 3, 16, generator=g, dtype=torch.float64)
+        grads = []
+        for fn, module in ((plain, plain), (run, ckpt)):
+            xi = x.clone().requires_grad_()
+            module.zero_grad()
+            out = fn(xi, pad)
+            with torch.no_grad():
+                module.eval()(other, pad)
+            module.train()
+            out.sum().backward()
+            grads.append((xi.grad, [p.grad for p in module.parameters()]))
+        (x1, p1), (x2, p2) = grads
+        torch.testing.assert_close(x1, x2)
+        for a, b in zip(p1, p2):
+            torch.testing.assert_close(a, b)
 
 
 def test_distributed_training_sums_centroid_statistics_over_ranks(monkeypatch):

@@ -1,4 +1,5 @@
-"""``bigbird``: block-sparse attention of BigBird (Zaheer et al. 2020), the same pattern in every head.
+"""``bigbird``: block-sparse attention of BigBird (Zaheer et al. 2020): window and global blocks the same in
+every head, random blocks per head.
 
 The sequence is cut into blocks of --block-size tokens.  The first --bigbird-global-blocks blocks are
 global: their queries see every key and every query sees them.  Every other query block sees its

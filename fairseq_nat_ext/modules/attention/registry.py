@@ -56,7 +56,7 @@ class AttentionOptions:
     bigbird_random_blocks: int = field(default=3, metadata={"help": "bigbird: random key blocks per query block"})
     lsh_bucket_size: int = field(default=64, metadata={"help": "lsh: chunk (bucket) size"})
     lsh_rounds: int = field(default=4, metadata={"help": "lsh: hash rounds"})
-    routing_clusters: int = field(default=0, metadata={"help": "routing: number of k-means clusters (0: sqrt(N))"})
+    routing_clusters: int = field(default=0, metadata={"help": "routing: number of k-means clusters (0: ceil(sqrt(--max-positions)))"})
     routing_decay: float = field(default=0.999, metadata={"help": "routing: EMA decay of the centroids"})
     sinkhorn_iters: int = field(default=8, metadata={"help": "sinkhorn: Sinkhorn normalisation iterations"})
     sinkhorn_temperature: float = field(default=0.75, metadata={"help": "sinkhorn: temperature of the sorting logits"})

@@ -15,11 +15,16 @@ on the padding.  Time O(C w^2 d) = O(max_positions w d) per head, memory O(N C +
 The centroids (a persistent buffer: checkpoints hold them) follow, without gradient, an exponential moving
 average (--routing-decay) of the mean of the real unit queries and keys nearest to them (argmax), as in the
 paper.  A training forward computes the new centroids into ``pending_centroids`` and leaves ``centroids``
-alone; the update is applied at the start of the next forward (training or evaluation) and before a
-``state_dict`` is taken.  So a forward is a pure function of the module's state: under activation
-checkpointing (``--checkpoint-activations``, ``torch.utils.checkpoint``) the recomputed forward, which runs
-inside the backward pass (:func:`functional.in_recomputation`), sees the centroids the original forward
-saw and neither applies nor computes an update; the centroids move once per training forward.  In
+alone; the update is committed at the start of the next training forward and before a ``state_dict`` is
+taken; an evaluation forward routes with the pending centroids without committing them.  So a forward is a
+pure function of the module's state: under activation checkpointing (``--checkpoint-activations``,
+``torch.utils.checkpoint``) the recomputed forward, which runs inside the backward pass
+(:func:`functional.in_recomputation`), sees the centroids the original forward saw and neither applies nor
+computes an update, also when an evaluation forward ran in between (the Imputer's alignment pass).  The
+centroids move once per training forward (k times per optimizer step with ``--update-freq k``); two
+TRAINING forwards of one layer before one backward are not supported under activation checkpointing (the
+second commits the first's update before the first's recomputation).  The centroids stay float32 under
+``--fp16``/``--bf16`` (an EMA step is below half precision's rounding step).  In
 distributed training (torch.distributed initialised, world size > 1) the per-centroid sums and counts are
 summed over all ranks before the average, so every rank keeps the same centroids.  The initial centroids
 are drawn from ``opts.layer_seed()`` (a seed per layer).
@@ -78,12 +83,32 @@ class RoutingAttention(AttentionVariant):
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, clusters={self.n_clusters}, window={self.window}"
 
+    def _apply(self, fn, *args, **kwargs):
+        """.half() / .to(bfloat16) would round the centroids, and an EMA step at decay 0.999 (about 1e-4 per
+        component) is below the rounding step there: the centroids (and a pending update) keep float32 or
+        float64 and follow the module's device only."""
+        kept = {name: self._buffers[name] for name in ("centroids", "pending_centroids")
+                if self._buffers.get(name) is not None}
+        super()._apply(fn, *args, **kwargs)
+        for name, old in kept.items():
+            if self._buffers[name].dtype not in (torch.float32, torch.float64):
+                self._buffers[name] = old.to(self._buffers[name].device)
+        return self
+
+    def routing_centroids(self):
+        """The centroids a forward routes with: in training the committed ones; in evaluation a pending
+        update is read (validation right after a step sees it) but not committed, so an evaluation forward
+        between a training forward and its backward (the Imputer's alignment pass) changes no state."""
+        if not self.training and self.pending_centroids is not None:
+            return self.pending_centroids
+        return self.centroids
+
     def similarities(self, x):
         """x (B, H, N, d) -> (cosine similarities to the centroids (B, H, C, N), unit vectors (B, H, N, d)),
         both in float32 at least (no gradient)."""
         dt = torch.promote_types(x.dtype, torch.float32)
         unit = F.normalize(x.detach().to(dt), dim=-1)
-        return torch.matmul(self.centroids.to(dt), unit.transpose(-1, -2)), unit
+        return torch.matmul(self.routing_centroids().to(dt), unit.transpose(-1, -2)), unit
 
     @torch.no_grad()
     def updated_centroids(self, units, sims, lengths):
@@ -136,7 +161,7 @@ class RoutingAttention(AttentionVariant):
     def forward(self, q, k, v, lengths):
         B, H, N, d = q.shape
         check_max_positions(N, self.opts.max_positions, "routing")
-        if not in_recomputation():
+        if self.training and not in_recomputation():
             self.apply_pending_update()
         if B * N == 0:
             return q.new_zeros(B, H, N, d)
