@@ -167,8 +167,10 @@ def scatter_positions(values: Tensor, index: Tensor, n: int) -> Tensor:
 
 
 def in_recomputation() -> bool:
-    """True while autograd runs a backward pass: a forward called then is activation checkpointing
-    (fairseq's ``--checkpoint-activations`` or ``torch.utils.checkpoint``) recomputing a layer.  Variants
+    """True while autograd runs a backward pass.  The one forward that runs then in fairseq is activation
+    checkpointing (fairseq's ``--checkpoint-activations`` or ``torch.utils.checkpoint``, reentrant or not)
+    recomputing a layer; a forward called from a backward hook or a custom ``Function.backward`` would count
+    as a recomputation too.  Variants
     with state (routing's centroids, the Performer's redraw counter) change it only outside such a
     recomputation, so the recomputed forward sees the state the original forward saw and the state
     advances once per training forward."""
