@@ -261,19 +261,24 @@ class Block(torch.nn.Module):
         return self.attn(x, x, x, key_padding_mask=pad)[0]
 
 
-@pytest.mark.parametrize("how", ["torch", "fairseq"])
-def test_activation_checkpointing_gives_the_plain_layer_s_outputs_gradients_and_centroids(how):
+def plain_and_checkpointed(how):
+    """(a Block, the callable running its deep copy under activation checkpointing (torch's reentrant
+    checkpoint or fairseq's checkpoint_wrapper), that copy)."""
     torch.manual_seed(0)
     plain = Block().double().train()
     ckpt = copy.deepcopy(plain)
     if how == "torch":
         from torch.utils.checkpoint import checkpoint
 
-        run = lambda x, pad: checkpoint(ckpt, x, pad, use_reentrant=True)  # noqa: E731
-    else:
-        from fairseq.modules.checkpoint_activations import checkpoint_wrapper
+        return plain, (lambda x, pad: checkpoint(ckpt, x, pad, use_reentrant=True)), ckpt
+    from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 
-        run = checkpoint_wrapper(ckpt)
+    return plain, checkpoint_wrapper(ckpt), ckpt
+
+
+@pytest.mark.parametrize("how", ["torch", "fairseq"])
+def test_activation_checkpointing_gives_the_plain_layer_s_outputs_gradients_and_centroids(how):
+    plain, run, ckpt = plain_and_checkpointed(how)
     pad = torch.zeros(3, 11, dtype=torch.bool)
     pad[1, :4], pad[2, 7:] = True, True
     g = torch.Generator().manual_seed(1)
@@ -300,17 +305,7 @@ def test_activation_checkpointing_gives_the_plain_layer_s_outputs_gradients_and_
 def test_an_evaluation_forward_between_forward_and_backward_leaves_checkpointed_gradients_exact(how):
     """The Imputer runs its encoder in evaluation mode between the training forward and the backward pass: the
     checkpointed layer's recomputation must still route with the centroids of the original forward."""
-    torch.manual_seed(0)
-    plain = Block().double().train()
-    ckpt = copy.deepcopy(plain)
-    if how == "torch":
-        from torch.utils.checkpoint import checkpoint
-
-        run = lambda x, pad: checkpoint(ckpt, x, pad, use_reentrant=True)  # noqa: E731
-    else:
-        from fairseq.modules.checkpoint_activations import checkpoint_wrapper
-
-        run = checkpoint_wrapper(ckpt)
+    plain, run, ckpt = plain_and_checkpointed(how)
     pad = torch.zeros(3, 11, dtype=torch.bool)
     pad[1, :4] = True
     g = torch.Generator().manual_seed(2)
