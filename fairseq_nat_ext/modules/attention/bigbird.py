@@ -24,6 +24,9 @@ from .registry import register_attention
 
 @register_attention("bigbird")
 class BigBirdAttention(AttentionVariant):
+    # bf16 holds integers exactly only up to 256: rounded ranks would make rows tie
+    full_precision_buffers = ("random_rank",)
+
     def __init__(self, num_heads, head_dim, opts, dropout=0.0):
         super().__init__(num_heads, head_dim, opts, dropout)
         if opts.bigbird_window_blocks % 2 == 0:
@@ -38,15 +41,6 @@ class BigBirdAttention(AttentionVariant):
         order = torch.rand(num_heads, rows, rows, generator=gen).argsort(dim=-1, stable=True)
         rank = torch.empty_like(order).scatter_(-1, order, torch.arange(rows).expand_as(order))
         self.register_buffer("random_rank", rank.float(), persistent=False)
-
-    def _apply(self, fn, *args, **kwargs):
-        """.half() / .to(bfloat16) would round the ranks (bf16 holds integers exactly only up to 256) and
-        make rows tie: the table keeps float32 and follows the module's device only."""
-        rank = self.random_rank
-        super()._apply(fn, *args, **kwargs)
-        if self.random_rank.dtype not in (torch.float32, torch.float64):
-            self._buffers["random_rank"] = rank.to(self.random_rank.device)
-        return self
 
     @torch.no_grad()
     def block_table(self, lengths, nb):

@@ -8,7 +8,8 @@ last chunk of its sequence (the wrap-around of the released code's look-adjacent
 one chunk attends to that chunk once).  A token attends to itself only when nothing else is visible:
 its score gets -1e5, as in the paper (scores are computed in float32 for fp16/bf16 inputs, so the
 penalty never overflows).  Rounds are combined by their log-sum-exp (a key found in several rounds
-counts once per round, as in the paper).
+counts once per round, as in the released trax code; the paper's appendix subtracts log N_ij so that
+it counts once).
 
 Rotations: in training every forward draws fresh ones (from torch's global random generator, on the
 input's device and dtype), as the paper and trax do, so the buckets vary from step to step;

@@ -71,6 +71,9 @@ def top_positions(scores: torch.Tensor, lengths: torch.Tensor, w: int, padded: b
 
 @register_attention("routing")
 class RoutingAttention(AttentionVariant):
+    # an EMA step at decay 0.999 (about 1e-4 per component) is below half precision's rounding step
+    full_precision_buffers = ("centroids", "pending_centroids")
+
     def __init__(self, num_heads, head_dim, opts, dropout=0.0):
         super().__init__(num_heads, head_dim, opts, dropout)
         self.n_clusters = opts.routing_clusters or math.ceil(math.sqrt(opts.max_positions))
@@ -82,18 +85,6 @@ class RoutingAttention(AttentionVariant):
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, clusters={self.n_clusters}, window={self.window}"
-
-    def _apply(self, fn, *args, **kwargs):
-        """.half() / .to(bfloat16) would round the centroids, and an EMA step at decay 0.999 (about 1e-4 per
-        component) is below the rounding step there: the centroids (and a pending update) keep float32 or
-        float64 and follow the module's device only."""
-        kept = {name: self._buffers[name] for name in ("centroids", "pending_centroids")
-                if self._buffers.get(name) is not None}
-        super()._apply(fn, *args, **kwargs)
-        for name, old in kept.items():
-            if self._buffers[name].dtype not in (torch.float32, torch.float64):
-                self._buffers[name] = old.to(self._buffers[name].device)
-        return self
 
     def routing_centroids(self):
         """The centroids a forward routes with: in training the committed ones; in evaluation a pending
