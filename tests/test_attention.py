@@ -427,7 +427,10 @@ def test_sinkhorn_permutation_is_doubly_stochastic_within_real_blocks():
             assert (P[b, :, :r, r:] == 0).all() and (P[b, :, r:, :r] == 0).all()
 
 
-def test_sinkhorn_matches_slow_per_block_reference():
+@pytest.mark.parametrize("padded", [True, False])
+def test_sinkhorn_matches_slow_per_block_reference(padded):
+    """Padded batch (partial last blocks) and whole blocks without padding, where the reference's
+    log real share is log(1) = 0: the paper's softmax over [own block, sorted block] with no bias."""
     def permutation(mod, blocks_k, h):
         """P of head h over the real key blocks, by plain loops: psi (Linear, ReLU, Linear) of each block's
         sum with the module's weights, then log-space Sinkhorn (rows, then columns) of logits / temperature."""
@@ -443,11 +446,14 @@ def test_sinkhorn_matches_slow_per_block_reference():
             z = z - torch.logsumexp(z, 0, keepdim=True)
         return z.exp()
 
-    q, k, v = qkv()
+    q, k, v = qkv() if padded else qkv(B=2, N=24)
+    lengths = LENGTHS if padded else torch.tensor([24, 24])
     bs = 4
-    mod = build("sinkhorn", AttentionOptions(block_size=bs, max_positions=64))
-    out = mod(q, k, v, LENGTHS)
-    for b, n in enumerate(LENGTHS.tolist()):
+    # two rounds at a low temperature: P's rows do not sum to 1 yet (after the final column step)
+    mod = build("sinkhorn", AttentionOptions(block_size=bs, max_positions=64, sinkhorn_iters=2,
+                                             sinkhorn_temperature=0.05))
+    out = mod(q, k, v, lengths)
+    for b, n in enumerate(lengths.tolist()):
         for h in range(2):
             blocks_k = [k[b, h, j * bs:min((j + 1) * bs, n)] for j in range(-(-n // bs))]
             blocks_v = [v[b, h, j * bs:min((j + 1) * bs, n)] for j in range(-(-n // bs))]
@@ -457,8 +463,9 @@ def test_sinkhorn_matches_slow_per_block_reference():
                          for j in range(len(blocks_k)))
                 sv = sum(P[i, j] * torch.nn.functional.pad(blocks_v[j], (0, 0, 0, bs - len(blocks_v[j])))
                          for j in range(len(blocks_k)))
+                # the real share of each sorted key: its real tokens' weight over its mixture's weight
                 mass = sum(P[i, j] * (torch.arange(bs) < len(blocks_k[j])).double()
-                           for j in range(len(blocks_k)))
+                           for j in range(len(blocks_k))) / P[i].sum()
                 for t in range(len(blocks_k[i])):
                     qi = q[b, h, i * bs + t]
                     s_own = blocks_k[i] @ qi / math.sqrt(8)

@@ -7,8 +7,13 @@ logits over the target block positions, R (nb x nb).  In training Gumbel noise -
 evaluation is deterministic.  Sinkhorn normalisation of (R + noise) / --sinkhorn-temperature
 (--sinkhorn-iters rounds in log space) turns it into a relaxed permutation P.  Query block i attends
 to its own block and to the soft-sorted block sum_j P[i, j] K_j (values alike), one softmax over both.
-Real blocks are only matched with real blocks, and the padding share of a sorted key enters as
-log(mass of real tokens), so padding never counts.
+Real blocks are only matched with real blocks.  A sorted key position t mixes the blocks' t-th
+tokens; where some of them are padding (the last real block is partial) the key enters with the bias
+log(real share of its mixture) = log(sum_j P[i, j] real_j[t] / sum_j P[i, j]), so padding never counts
+and a key of real tokens only has bias 0: without padding the softmax is exactly the paper's, with no
+bias, and torch's fused (flash) kernel runs it forward and backward.  (Before 0.3.0 the bias was
+log(sum_j P[i, j] real_j[t]), which without padding is log of P's row sum, not exactly 0 after the
+final column normalisation; it kept every batch on the math path of scaled_dot_product_attention.)
 Kept simplification: psi reads the sum of the head's KEYS (padding zeroed), not of the layer input X
 as in the paper, since a variant sees only its heads' projections (q, k, v), not X.
 Memory: O(N * 2 * block + (N / block)^2)."""
@@ -76,7 +81,8 @@ class SinkhornAttention(AttentionVariant):
         nb = -(-N // bs)
         L = nb * bs
         real = (torch.arange(L, device=q.device)[None, :] < lengths[:, None]).to(q.dtype)  # (B, L)
-        if L == N and bool((lengths == N).all()):  # no padding: the blocks are views
+        unpadded = L == N and bool((lengths == N).all())
+        if unpadded:  # no padding: the blocks are views
             blocks = lambda t: t.view(B, H, nb, bs, d)  # noqa: E731
         else:
             blocks = lambda t: (F.pad(t, (0, 0, 0, L - N)) * real[:, None, :, None]).view(B, H, nb, bs, d)  # noqa: E731
@@ -84,15 +90,18 @@ class SinkhornAttention(AttentionVariant):
         P = self.permutation(k, lengths, kb)  # (B, H, nb, nb)
         ks = torch.einsum("bhij,bhjtd->bhitd", P, kb)
         vs = torch.einsum("bhij,bhjtd->bhitd", P, vb)
-        mass = torch.einsum("bhij,bjt->bhit", P, real.view(B, nb, bs))  # real share of each sorted key
         keys = torch.cat([kb, ks], dim=3)  # (B, H, nb, 2bs, d)
         vals = torch.cat([vb, vs], dim=3)
-        own_ok = real.view(B, 1, nb, bs).expand(B, H, nb, bs) > 0
-        sorted_ok = mass > 1e-6
-        allowed = with_a_key_per_row(torch.cat([own_ok, sorted_ok], dim=-1))  # (B, H, nb, 2bs)
-        bias = torch.cat([torch.zeros_like(mass), mass.clamp_min(1e-6).log()], dim=-1)
-        bias = bias.masked_fill(~allowed, float("-inf")).to(q.dtype)
-        # one fused softmax per query block over [own block, sorted partner block], with log-mass bias
-        out = fused_attention(qb.flatten(0, 1), keys.flatten(0, 1), vals.flatten(0, 1),
-                              bias.flatten(0, 1).unsqueeze(2), self.dropout, self.training)
+        bias = None  # no padding: every key is real, the paper's plain softmax (fused kernel, no mask)
+        if not unpadded:
+            mass = torch.einsum("bhij,bjt->bhit", P, real.view(B, nb, bs))  # real mass of each sorted key
+            share = mass / P.sum(-1, keepdim=True).clamp_min(1e-6)  # its real share, 1 without padding
+            own_ok = real.view(B, 1, nb, bs).expand(B, H, nb, bs) > 0
+            sorted_ok = share > 1e-6
+            allowed = with_a_key_per_row(torch.cat([own_ok, sorted_ok], dim=-1))  # (B, H, nb, 2bs)
+            bias = torch.cat([torch.zeros_like(share), share.clamp_min(1e-6).log()], dim=-1)
+            bias = bias.masked_fill(~allowed, float("-inf")).to(q.dtype).flatten(0, 1).unsqueeze(2)
+        # one fused softmax per query block over [own block, sorted partner block]
+        out = fused_attention(qb.flatten(0, 1), keys.flatten(0, 1), vals.flatten(0, 1), bias,
+                              self.dropout, self.training)
         return out.reshape(B, H, L, d)[:, :, :N]
