@@ -370,3 +370,11 @@ def test_all_reduce_sum_sums_over_the_default_group_only_when_distributed(monkey
     monkeypatch.setattr(dist, "all_reduce", lambda t: seen.append(t.shape))
     build(4, 24, train=True)(*inputs(), torch.tensor([23, 17, 5]))
     assert len(seen) == 1 and math.prod(seen[0]) == 2 * 4 * (8 + 1)
+    # a rank whose batch is empty still joins the collective (the other ranks would wait for it), and
+    # adds nothing: its centroids move by the other ranks' statistics only
+    seen.clear()
+    mod = build(4, 24, train=True)
+    before = mod.centroids.clone()
+    out = mod(*[t[:0].detach() for t in inputs()], torch.tensor([], dtype=torch.long))
+    assert out.shape == (0, 2, 23, 8) and len(seen) == 1 and math.prod(seen[0]) == 2 * 4 * (8 + 1)
+    assert torch.equal(mod.state_dict()["centroids"], before), "nothing to move towards"

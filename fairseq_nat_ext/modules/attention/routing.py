@@ -26,7 +26,8 @@ TRAINING forwards of one layer before one backward are not supported under activ
 second commits the first's update before the first's recomputation).  The centroids stay float32 under
 ``--fp16``/``--bf16`` (an EMA step is below half precision's rounding step).  In
 distributed training (torch.distributed initialised, world size > 1) the per-centroid sums and counts are
-summed over all ranks before the average, so every rank keeps the same centroids.  The initial centroids
+summed over all ranks before the average, so every rank keeps the same centroids (a rank with an empty
+batch takes part in that sum with nothing).  The initial centroids
 are drawn from ``opts.layer_seed()`` (a seed per layer).
 """
 
@@ -155,6 +156,9 @@ class RoutingAttention(AttentionVariant):
         if self.training and not in_recomputation():
             self.apply_pending_update()
         if B * N == 0:
+            if self.training and not in_recomputation():  # join the ranks' reduction (a collective)
+                (sq, uq), (sk, uk) = self.similarities(q), self.similarities(k)
+                self.pending_centroids = self.updated_centroids((uq, uk), (sq, sk), lengths)
             return q.new_zeros(B, H, N, d)
         C, w = self.n_clusters, min(self.window, N)
         shortest = int(lengths.min())
