@@ -8,10 +8,13 @@ evaluation is deterministic.  Sinkhorn normalisation of (R + noise) / --sinkhorn
 (--sinkhorn-iters rounds in log space) turns it into a relaxed permutation P.  Query block i attends
 to its own block and to the soft-sorted block sum_j P[i, j] K_j (values alike), one softmax over both.
 Real blocks are only matched with real blocks.  A sorted key position t mixes the blocks' t-th
-tokens; where some of them are padding (the last real block is partial) the key enters with the bias
-log(real share of its mixture) = log(sum_j P[i, j] real_j[t] / sum_j P[i, j]), so padding never counts
-and a key of real tokens only has bias 0: without padding the softmax is exactly the paper's, with no
-bias, and torch's fused (flash) kernel runs it forward and backward.  (Before 0.3.0 the bias was
+tokens; where some of them are padding (the last real block is partial) the padding adds zero vectors
+to the mixture and the key enters with the bias log(real share of its mixture) = log(sum_j P[i, j]
+real_j[t] / sum_j P[i, j]) (computed in float32 at least), so its weight shrinks with its padding share
+and a key made of padding only is masked; a key of real tokens only has bias 0.  When every length is N
+and N is a multiple of --block-size (no padding, no partial block) there is no bias and no mask: the
+paper's softmax, run forward and backward by torch's fused kernel (flash on CPU; on CUDA whichever fused
+kernel torch picks).  (Before 0.3.0 the bias was
 log(sum_j P[i, j] real_j[t]), which without padding is log of P's row sum, not exactly 0 after the
 final column normalisation; it kept every batch on the math path of scaled_dot_product_attention.)
 Kept simplification: psi reads the sum of the head's KEYS (padding zeroed), not of the layer input X
@@ -94,8 +97,9 @@ class SinkhornAttention(AttentionVariant):
         vals = torch.cat([vb, vs], dim=3)
         bias = None  # no padding: every key is real, the paper's plain softmax (fused kernel, no mask)
         if not unpadded:
-            mass = torch.einsum("bhij,bjt->bhit", P, real.view(B, nb, bs))  # real mass of each sorted key
-            share = mass / P.sum(-1, keepdim=True).clamp_min(1e-6)  # its real share, 1 without padding
+            Pf = P.to(torch.promote_types(P.dtype, torch.float32))  # the share in float32 at least
+            mass = torch.einsum("bhij,bjt->bhit", Pf, real.view(B, nb, bs).to(Pf.dtype))  # real mass of a sorted key
+            share = mass / Pf.sum(-1, keepdim=True).clamp_min(1e-6)  # its real share, 1 without padding
             own_ok = real.view(B, 1, nb, bs).expand(B, H, nb, bs) > 0
             sorted_ok = share > 1e-6
             allowed = with_a_key_per_row(torch.cat([own_ok, sorted_ok], dim=-1))  # (B, H, nb, 2bs)
