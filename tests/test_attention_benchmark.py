@@ -104,6 +104,25 @@ def test_speed_table_and_bar_ratios(tmp_path):
         raise AssertionError("a row without its fields must be refused")
 
 
+def test_speed_ratio_of_a_row_re_measured_later_uses_its_own_run_s_full(tmp_path):
+    """A row re-measured in a later --update run carries the ``full`` times of that run
+    (``same_run_full_ms``): its speed-ups are against those, the other rows' against the file's ``full``."""
+    from benchmarks import tables
+
+    later = [dict(_speed_row("sinkhorn", n, ms, 10), same_run_full_ms=full)
+             for n, ms, full in ((8192, 300, 3000), (16384, 700, 12600))]
+    rows = [_speed_row("full", 8192, 4000, 100), _speed_row("full", 16384, 16000, 200),
+            _speed_row("local", 8192, 500, 150), _speed_row("local", 16384, 1100, 300)] + later
+    path = tmp_path / "attention_speed.json"
+    path.write_text(json.dumps({"benchmark": "attention_speed", "hardware": "cpu", "threads": 2,
+                                "command": "python -m benchmarks.attention_speed", "rows": rows,
+                                "notes": "sinkhorn re-measured later"}))
+    text = tables.markdown_tables([str(path)])
+    assert "| `local` | 8.0x | 14.5x |" in text  # 4000 / 500, 16000 / 1100
+    assert "| `sinkhorn` | 10.0x | 18.0x |" in text  # 3000 / 300, 12600 / 700 (not 13.3x, 22.9x)
+    assert "Note: sinkhorn re-measured later" in text
+
+
 def test_speed_curves_are_drawn(tmp_path):
     from benchmarks import attention_plots
 
