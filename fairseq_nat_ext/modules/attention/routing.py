@@ -156,9 +156,7 @@ class RoutingAttention(AttentionVariant):
         if self.training and not in_recomputation():
             self.apply_pending_update()
         if B * N == 0:
-            if self.training and not in_recomputation():  # join the ranks' reduction (a collective)
-                (sq, uq), (sk, uk) = self.similarities(q), self.similarities(k)
-                self.pending_centroids = self.updated_centroids((uq, uk), (sq, sk), lengths)
+            self.routes(q, k, lengths)  # a training forward still joins the ranks' reduction (a collective)
             return q.new_zeros(B, H, N, d)
         C, w = self.n_clusters, min(self.window, N)
         shortest = int(lengths.min())
