@@ -83,11 +83,11 @@ class SinkhornAttention(AttentionVariant):
         bs = self.opts.block_size
         nb = -(-N // bs)
         L = nb * bs
-        real = (torch.arange(L, device=q.device)[None, :] < lengths[:, None]).to(q.dtype)  # (B, L)
         unpadded = L == N and bool((lengths == N).all())
         if unpadded:  # no padding: the blocks are views
             blocks = lambda t: t.view(B, H, nb, bs, d)  # noqa: E731
         else:
+            real = (torch.arange(L, device=q.device)[None, :] < lengths[:, None]).to(q.dtype)  # (B, L)
             blocks = lambda t: (F.pad(t, (0, 0, 0, L - N)) * real[:, None, :, None]).view(B, H, nb, bs, d)  # noqa: E731
         qb, kb, vb = blocks(q), blocks(k), blocks(v)
         P = self.permutation(k, lengths, kb)  # (B, H, nb, nb)
