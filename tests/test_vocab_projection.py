@@ -67,3 +67,28 @@ def test_generator_projections_of_kept_positions_equal_the_full_projection():
         tok, lp = best_tokens([feats], [proj], V, forbidden)  # no keep: every position
         assert torch.equal(tok, want_tok) and torch.allclose(lp, want_lp, atol=1e-5)
         assert torch.allclose(target_log_probs(feats, proj, target, V), want_t, atol=1e-5)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_best_vocab_tokens_equal_log_softmax_argmax_without_forbidden_symbols(bias):
+    import torch.nn.functional as F
+
+    from fairseq_nat_ext.modules.vocab_projection import best_vocab_tokens
+
+    torch.manual_seed(0)
+
+    class Dec(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.output_projection = torch.nn.Linear(16, 50, bias=bias)
+
+    dec = Dec()
+    with torch.no_grad():
+        dec.output_projection.weight[3] += 5.0  # a forbidden symbol that would win everywhere
+        feats = torch.randn(7, 16)
+        lp, tok = best_vocab_tokens(dec, feats, [1, 3], block=3)  # blocks of 3, 3 and 1 states
+    for i in range(7):  # plain reference, one state at a time
+        ref = F.log_softmax(dec.output_projection(feats[i]), -1)
+        ref[[1, 3]] = float("-inf")
+        assert int(tok[i]) == int(ref.argmax())
+        assert abs(float(lp[i]) - float(ref.max())) < 1e-5

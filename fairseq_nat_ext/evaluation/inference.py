@@ -208,7 +208,8 @@ class count_decoder_calls:
     ``forward``), wrapped on the instance (fairseq's SequenceGenerator calls the decoder's methods
     directly, which bypasses the decoder's own hooks).  A decoder's ``packed_features`` (inference over the
     real positions, modules/packed.py, which reads the layers' parameters without calling them) is counted
-    as one pass too.  Length prediction is not a pass."""
+    as one pass too, and so is a call of modules/nat_decoder_inference.decoder_features on it (the
+    decoding forward that runs the layers' sublayers itself).  Length prediction is not a pass."""
 
     def __init__(self, models):
         model = models[0]
@@ -231,6 +232,18 @@ class count_decoder_calls:
                 self._wrap("packed_features")
         elif self.decoder is not None:
             self._wrap(self.method)
+        if self.layer is not None:
+            from ..modules import nat_decoder_inference as fast
+
+            self._fast, original = fast, fast.decoder_features
+
+            def counted_features(decoder, *args, **kwargs):
+                if decoder is self.decoder:
+                    self._count()
+                return original(decoder, *args, **kwargs)
+
+            fast.decoder_features = counted_features
+            self._fast_original = original
         return self  # nothing known to count: calls stays 0
 
     def _wrap(self, method):
@@ -250,6 +263,9 @@ class count_decoder_calls:
         for method in self._wrapped:
             delattr(self.decoder, method)  # the class' method is visible again
         self._wrapped = []
+        if getattr(self, "_fast_original", None) is not None:
+            self._fast.decoder_features = self._fast_original
+            self._fast_original = None
         return False
 
 

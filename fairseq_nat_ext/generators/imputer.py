@@ -20,6 +20,7 @@ import math
 
 import torch
 
+from ..modules import nat_decoder_inference as fast
 from ..oracles.ctc_alignment import alignment_token_scores, ctc_collapse
 from .ctc_nat import CTCGenerator
 
@@ -56,7 +57,7 @@ class ImputerGenerator(CTCGenerator):
         return cls(models, tgt_dict, block=getattr(args, "iter_decode_max_iter", 8),
                    retain_history=getattr(args, "retain_iter_history", False))
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def generate(self, models, sample, prefix_tokens=None, constraints=None, **unused):
         if constraints is not None or prefix_tokens is not None:
             raise NotImplementedError("imputer decoding: prefix and constrained decoding are not supported")
@@ -64,11 +65,13 @@ class ImputerGenerator(CTCGenerator):
         for m in models:
             m.eval()
         net = sample["net_input"]
-        encs, ups = [], []
+        encs, ups, crosses = [], [], []
         for m in models:
             enc = m.encoder(net["src_tokens"], src_lengths=net["src_lengths"])
             encs.append(enc)
             ups.append(m.decoder.upsample(enc))
+            # every step reads the same encoder states: their cross-attention keys and values once
+            crosses.append(fast.cross_kv(m.decoder, enc) if fast.supported(m.decoder) else None)
         lengths, L = ups[0][1], ups[0][0].size(1)
         N = lengths.numel()
         alignment = models[0].full_mask_input(lengths, L)
@@ -80,7 +83,7 @@ class ImputerGenerator(CTCGenerator):
             masked = alignment.eq(self.mask)
             if not bool(masked.any()):
                 break
-            lp = self._lprobs(models, encs, ups, alignment, masked)  # (K, V), masked positions only
+            lp = self._lprobs(models, encs, ups, crosses, alignment, masked)  # (K, V), masked positions only
             best_lp, best = lp.max(-1)
             conf = torch.full((N, L), NEG_INF, device=lp.device).masked_scatter(masked, best_lp)
             sym = alignment.masked_scatter(masked, best)
@@ -106,9 +109,9 @@ class ImputerGenerator(CTCGenerator):
             finalized.append([hyp])
         return finalized
 
-    def _lprobs(self, models, encs, ups, alignment, masked):
-        outs = [m.decoder(e, alignment=alignment, normalize=True, select=masked, upsampled=u)
-                for m, e, u in zip(models, encs, ups)]
+    def _lprobs(self, models, encs, ups, crosses, alignment, masked):
+        outs = [m.decoder(e, alignment=alignment, normalize=True, select=masked, upsampled=u, cross=c)
+                for m, e, u, c in zip(models, encs, ups, crosses)]
         lp = outs[0] if len(outs) == 1 else torch.logsumexp(torch.stack(outs), 0) - math.log(len(outs))
         lp = lp.float()
         lp[..., self.forbidden] = NEG_INF

@@ -26,7 +26,10 @@ score, positional_scores, alignment=None, steps (decoder passes), and history wi
 import math
 
 import torch
+import torch.nn.functional as F
 
+from ..modules import nat_decoder_inference as fast
+from ..modules.vocab_projection import best_vocab_tokens, vocab_logits
 from .base import NATGeneratorBase
 
 
@@ -45,6 +48,11 @@ def lowest_prob_mask(probs, lengths, n):
 
 
 class MaskPredictGenerator(NATGeneratorBase):
+    #: decode through modules/nat_decoder_inference (cross-attention keys and values once per
+    #: sentence, the last feed-forward block only at re-masked positions); False: the decoder's own
+    #: forward on every pass (the same hypotheses up to float rounding; kept for profiling and tests)
+    fast_decoder = True
+
     def __init__(self, models, tgt_dict, max_iter=10, length_beam=1, adaptive=True,
                  retain_history=False, bucket_ratio=1.5):
         super().__init__(models, tgt_dict, retain_history)
@@ -71,17 +79,35 @@ class MaskPredictGenerator(NATGeneratorBase):
             return outs[0]
         return torch.logsumexp(torch.stack(outs, 0), 0) - math.log(len(outs))
 
-    def _predict(self, tokens, enc_outs, masked):
-        """tokens (N, L), masked bool (N, L) -> best token ids and log-probs at the masked positions
-        (K,), ensemble-averaged; only masked positions are projected to the vocabulary."""
-        lp = self._ensemble_lprobs(
-            lambda i, m: m.decoder(tokens, enc_outs[i], normalize=True, select=masked).float()
-        )
+    def _predict(self, tokens, rows, masked, src):
+        """tokens (N, L) of the decoder rows ``rows``, masked bool (N, L) -> best token ids and
+        log-probs at the masked positions (K,), ensemble-averaged; only masked positions are projected
+        to the vocabulary.  ``src``: per model, the sentences' cached cross-attention keys and values
+        (fast path) or their encoder output reordered to every row (the decoder's own forward)."""
+        sent = src["sent"][rows]
+
+        def features(m, cross):
+            pad = tokens.eq(self.pad)
+            x = fast.embed_tokens(m.decoder, tokens)
+            return fast.decoder_features(m.decoder, x, pad if bool(pad.any()) else None, cross, sent,
+                                         select=masked)
+
+        def lprobs(i, m):
+            if src["cross"] is None:
+                enc = m.encoder.reorder_encoder_out(src["enc"][i], sent)
+                return m.decoder(tokens, enc, normalize=True, select=masked).float()
+            return F.log_softmax(vocab_logits(m.decoder, features(m, src["cross"][i])).float(), -1)
+
+        if src["cross"] is not None and len(self.models) == 1:  # no (K, V) log-probs materialised
+            m = self.models[0]
+            best_lp, best_tok = best_vocab_tokens(m.decoder, features(m, src["cross"][0]), self.forbidden)
+            return best_tok, best_lp
+        lp = self._ensemble_lprobs(lprobs)
         lp[..., self.forbidden] = float("-inf")
         best_lp, best_tok = lp.max(-1)
         return best_tok, best_lp
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def generate(self, models, sample, prefix_tokens=None, constraints=None, **unused):
         if constraints is not None:
             raise NotImplementedError("mask_predict: constrained decoding is not supported")
@@ -101,8 +127,12 @@ class MaskPredictGenerator(NATGeneratorBase):
         top_cls = len_lp.topk(k, dim=-1).indices  # (B, k)
         lengths = models[0].decoder.class_to_length(top_cls, enc_outs[0])
         lengths = lengths.clamp(1, self.max_len).reshape(-1)  # (N,) N = B * k
-        order = torch.arange(B, device=src_tokens.device).repeat_interleave(k)
-        enc_outs = [m.encoder.reorder_encoder_out(e, order) for m, e in zip(models, enc_outs)]
+        # every pass and every length candidate of a sentence reads the same encoder states: the
+        # cross-attention keys and values are computed here, once per sentence (fast path)
+        src = {"sent": torch.arange(B, device=src_tokens.device).repeat_interleave(k), "enc": enc_outs,
+               "cross": None}
+        if self.fast_decoder and all(fast.supported(m.decoder) for m in models):
+            src["cross"] = [fast.cross_kv(m.decoder, e) for m, e in zip(models, enc_outs)]
 
         N, L = lengths.numel(), int(lengths.max())
         pos = torch.arange(L, device=src_tokens.device).unsqueeze(0)
@@ -114,7 +144,7 @@ class MaskPredictGenerator(NATGeneratorBase):
         history = [[] for _ in range(N)] if self.retain_history else None
         last_masked = valid.clone()  # the positions each row re-masked in its last iteration
 
-        ctx = (tokens, probs, lengths, valid, steps, enc_outs, history, last_masked)
+        ctx = (tokens, probs, lengths, valid, steps, src, history, last_masked)
         for t in range(T):
             if active.numel() == 0:
                 break
@@ -158,8 +188,8 @@ class MaskPredictGenerator(NATGeneratorBase):
 
     def _iterate(self, t, rows, ctx):
         """Iteration t on ``rows``; updates the shared state, returns the rows still active."""
-        tokens, probs, lengths, valid, steps, enc_outs, history, last_masked = ctx
-        T, models = self.max_iter, self.models
+        tokens, probs, lengths, valid, steps, src, history, last_masked = ctx
+        T = self.max_iter
         L = int(lengths[rows].max())
         tok_a, prob_a, len_a = tokens[rows, :L], probs[rows, :L], lengths[rows]
         if t == 0:
@@ -175,8 +205,7 @@ class MaskPredictGenerator(NATGeneratorBase):
             if rows.numel() == 0:
                 return rows
         inp = tok_a.masked_fill(masked, self.mask)
-        enc_a = [m.encoder.reorder_encoder_out(e, rows) for m, e in zip(models, enc_outs)]
-        new_tok, new_lp = self._predict(inp, enc_a, masked)
+        new_tok, new_lp = self._predict(inp, rows, masked, src)
         out_tok = tok_a.masked_scatter(masked, new_tok)
         out_lp = prob_a.masked_scatter(masked, new_lp)
         tokens[rows, :L], probs[rows, :L], last_masked[rows, :L] = out_tok, out_lp, masked

@@ -26,3 +26,42 @@ def vocab_logits(decoder, feats: Tensor) -> Tensor:
     else:
         y = torch.mm(W, x.t())
     return y.t().reshape(*feats.shape[:-1], W.size(0))
+
+
+#: decoder states per block in :func:`best_vocab_tokens`: a (V, 64) block of logits stays in cache
+BEST_TOKEN_BLOCK = 64
+
+
+def best_vocab_tokens(decoder, feats: Tensor, forbidden, block=BEST_TOKEN_BLOCK):
+    """(M, d) decoder states -> (log-prob (M,) float32, token (M,)) of each state's most probable
+    token other than ``forbidden``; the log-probs are normalised over the whole vocabulary, as
+    ``log_softmax(logits).max(-1)`` after setting ``forbidden`` to -inf.
+
+    Decoding needs only these two numbers, so the (M, V) log-probs are never materialised: the states
+    are projected in blocks of ``block`` (the logits of a block stay in cache), each block reduced to
+    its maximum and log-sum-exp at once (on a (M, V) tensor, log_softmax and max each read and write
+    all M * V values in memory; measured here, V = 9,817, d = 256, 2,000 states: 147 ms instead of
+    245-289 ms).  Without autograd on CPU with a plain projection; otherwise the same through
+    :func:`vocab_logits` and ``log_softmax``."""
+    proj = getattr(decoder, "output_projection", None)
+    forbidden = torch.as_tensor(forbidden, dtype=torch.long, device=feats.device)
+    if (getattr(decoder, "adaptive_softmax", None) is not None or not isinstance(proj, nn.Linear)
+            or feats.device.type != "cpu" or torch.is_grad_enabled() or feats.dim() != 2):
+        lp = torch.log_softmax(vocab_logits(decoder, feats).float(), -1)
+        lp[..., forbidden] = float("-inf")
+        return lp.max(-1)
+    W, b = proj.weight, proj.bias
+    M = feats.size(0)
+    best_lp = torch.empty(M, dtype=torch.float, device=feats.device)
+    best_tok = torch.empty(M, dtype=torch.long, device=feats.device)
+    for a in range(0, M, block):
+        x = feats[a:a + block].t()
+        y = (torch.addmm(b.unsqueeze(1), W, x) if b is not None else torch.mm(W, x)).float()  # (V, m)
+        kept = y[forbidden].clone()
+        y[forbidden] = float("-inf")
+        top, tok = y.max(0)
+        y[forbidden] = kept
+        mx = torch.maximum(top, kept.max(0).values)  # the largest logit, forbidden ones included
+        best_lp[a:a + block] = top - mx - torch.exp(y - mx).sum(0).log()
+        best_tok[a:a + block] = tok
+    return best_lp, best_tok

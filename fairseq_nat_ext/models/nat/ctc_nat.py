@@ -27,6 +27,7 @@ from fairseq.models.nat import FairseqNATDecoder
 from fairseq.models.transformer import base_architecture as transformer_base_architecture
 
 from ...compat import InputError
+from ...modules import nat_decoder_inference as fast
 from ...oracles.ctc_alignment import ctc_feasible
 from ...tasks.nat_translation import BLANK_SYMBOL, MASK_SYMBOL
 from .base import SMALL, TINY, PluginNATModel, arch_defaults
@@ -86,13 +87,17 @@ class CTCDecoder(FairseqNATDecoder):
         return torch.arange(L, device=lengths.device).unsqueeze(0) >= lengths.unsqueeze(1)
 
     def forward(self, encoder_out, alignment=None, normalize=False, select=None, upsampled=None,
-                **unused):
+                cross=None, **unused):
         """-> per-position logits (B, L, V) (log-probs with ``normalize``).
 
         alignment (B, L): the observed alignment (tokens, ``<blank>``, ``<mask>``, padding) added to
         the upsampled states (the Imputer); None for plain CTC.  ``upsampled``: the result of
         :meth:`upsample` when the caller already has it.  With ``select`` (bool (B, L)) only the
-        selected positions are projected to the vocabulary: (K, V) in row-major order."""
+        selected positions are projected to the vocabulary: (K, V) in row-major order.
+
+        In eval mode without autograd the layers run through modules/nat_decoder_inference.py (the
+        same maths; the last feed-forward block only at ``select``); ``cross``: its cached
+        cross-attention keys and values of these sentences (``cross_kv``), computed here when None."""
         states, lengths = upsampled if upsampled is not None else self.upsample(encoder_out)
         B, L, _ = states.shape
         if self.embed_positions is not None and L > self.embed_positions.max_positions:
@@ -107,10 +112,15 @@ class CTCDecoder(FairseqNATDecoder):
             x = x + self.embed_positions(dummy)
         if self.layernorm_embedding is not None:
             x = self.layernorm_embedding(x)
+        self_pad = pad_mask if bool(pad_mask.any()) else None
+        if not self.training and not torch.is_grad_enabled() and fast.supported(self):
+            cross = cross if cross is not None else fast.cross_kv(self, encoder_out)
+            x = fast.decoder_features(self, x, self_pad, cross, select=select)
+            out = self.output_layer(x)
+            return F.log_softmax(out.float(), -1) if normalize else out
         x = self.dropout_module(x).transpose(0, 1)  # (L, B, C)
         enc = encoder_out["encoder_out"][0]
         enc_pad = encoder_out["encoder_padding_mask"][0] if encoder_out["encoder_padding_mask"] else None
-        self_pad = pad_mask if bool(pad_mask.any()) else None
         for layer in self.layers:
             x, _, _ = layer(x, enc, enc_pad, None, self_attn_mask=None, self_attn_padding_mask=self_pad)
         if self.layer_norm is not None:

@@ -1,0 +1,143 @@
+"""The decoding forward of modules/nat_decoder_inference.py against fairseq's own decoder forward."""
+import pytest
+import torch
+
+from conftest import build_model_and_task
+from fairseq_nat_ext.modules import nat_decoder_inference as fast
+
+
+@pytest.fixture(scope="module", params=["post-norm", "pre-norm"])
+def model(request, toy_databin):
+    torch.manual_seed(3)
+    extra = ["--decoder-normalize-before"] if request.param == "pre-norm" else []
+    _, m, _ = build_model_and_task(
+        toy_databin[0], ["--arch", "mask_predict_tiny", "--dropout", "0", "--length-classes", "16"] + extra
+    )
+    return m.eval()
+
+
+def _batch(m, lengths, L):
+    src = torch.full((len(lengths), L), m.pad)
+    for i, n in enumerate(lengths):  # left padding, as fairseq's collater
+        src[i, L - n:] = torch.randint(4, 20, (n,))
+    return src, torch.tensor(lengths)
+
+
+@torch.no_grad()
+def test_features_equal_fairseq_forward_with_candidates_padding_and_selection(model):
+    m = model
+    assert fast.supported(m.decoder)
+    g = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    src, src_len = _batch(m, [3, 6, 4], 6)
+    enc = m.encoder(src, src_lengths=src_len)
+    sent = torch.tensor([0, 0, 1, 2, 2, 2])  # length candidates: rows of the same sentence
+    tgt_len = torch.tensor([2, 5, 4, 1, 3, 5])
+    T = int(tgt_len.max())
+    tokens = torch.randint(4, 20, (6, T), generator=g)
+    pad = torch.arange(T).unsqueeze(0) >= tgt_len.unsqueeze(1)
+    tokens = tokens.masked_fill(pad, m.pad)
+    tokens[torch.rand(6, T, generator=g) < 0.4] = m.mask_idx
+    tokens = tokens.masked_fill(pad, m.pad)
+    # fairseq: the encoder output repeated for every row, the whole decoder forward
+    want, _ = m.decoder.extract_features(tokens, encoder_out=m.encoder.reorder_encoder_out(enc, sent),
+                                         full_context_alignment=True)
+    cross = fast.cross_kv(m.decoder, enc)  # once per sentence, not per row
+    assert cross.kv[0][0].size(0) == 3
+    x = fast.embed_tokens(m.decoder, tokens)
+    got = fast.decoder_features(m.decoder, x, pad, cross, sent)
+    assert torch.allclose(got[~pad], want[~pad], atol=1e-5)
+    select = (torch.rand(6, T, generator=g) < 0.5) & ~pad
+    got_sel = fast.decoder_features(m.decoder, x, pad, cross, sent, select=select)
+    assert got_sel.shape == (int(select.sum()), want.size(-1))
+    assert torch.allclose(got_sel, want[select], atol=1e-5)
+
+
+@torch.no_grad()
+def test_unpadded_batch_and_one_row_per_sentence(model):
+    m = model
+    torch.manual_seed(1)
+    src, src_len = _batch(m, [5, 5], 5)
+    enc = m.encoder(src, src_lengths=src_len)
+    tokens = torch.randint(4, 20, (2, 4))
+    want, _ = m.decoder.extract_features(tokens, encoder_out=enc, full_context_alignment=True)
+    got = fast.decoder_features(m.decoder, fast.embed_tokens(m.decoder, tokens), None,
+                                fast.cross_kv(m.decoder, enc))
+    assert torch.allclose(got, want, atol=1e-5)
+
+
+def test_fused_projection_follows_weight_updates(model):
+    m = model
+    sa = m.decoder.layers[0].self_attn
+    w1, _ = fast._fused_qkv(sa)
+    assert fast._fused_qkv(sa)[0] is w1  # cached
+    with torch.no_grad():
+        sa.k_proj.weight.add_(1.0)
+    try:
+        w2, _ = fast._fused_qkv(sa)
+        assert torch.equal(w2[sa.embed_dim:2 * sa.embed_dim], sa.k_proj.weight)
+    finally:
+        with torch.no_grad():
+            sa.k_proj.weight.sub_(1.0)
+
+
+def test_unsupported_layers_are_refused(model):
+    layer = model.decoder.layers[0]
+    old = layer.c_attn
+    layer.c_attn = torch.nn.Parameter(torch.ones(layer.nh))  # fairseq's --scale-heads
+    try:
+        assert not fast.supported(model.decoder)
+    finally:
+        layer.c_attn = old
+    assert fast.supported(model.decoder)
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_mask_predict_fast_path_gives_the_slow_paths_hypotheses_and_counts_its_passes(model, adaptive):
+    from fairseq_nat_ext.evaluation.inference import count_decoder_calls
+    from fairseq_nat_ext.generators.mask_predict import MaskPredictGenerator
+
+    m = model
+    torch.manual_seed(4)
+    src, src_len = _batch(m, [3, 8, 5, 6, 2], 8)
+    sample = {"net_input": {"src_tokens": src, "src_lengths": src_len}}
+    out = {}
+    for fast_decoder in (False, True):
+        gen = MaskPredictGenerator([m], m.decoder.dictionary, max_iter=6, length_beam=3, adaptive=adaptive)
+        gen.fast_decoder = fast_decoder
+        with count_decoder_calls([m]) as c:
+            out[fast_decoder] = (gen.generate([m], sample), c.calls)
+    (slow, slow_calls), (quick, quick_calls) = out[False], out[True]
+    assert quick_calls == slow_calls > 0  # the fast path's passes are counted like the layer loop's
+    for a, b in zip(slow, quick):
+        assert a[0]["tokens"].tolist() == b[0]["tokens"].tolist()
+        assert a[0]["steps"] == b[0]["steps"]
+        assert torch.allclose(a[0]["positional_scores"], b[0]["positional_scores"], atol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["ctc_nat_tiny", "imputer_tiny"])
+def test_ctc_decoder_eval_forward_equals_its_layer_loop(toy_databin, arch):
+    """CTC / Imputer decoders run the decoding forward in eval mode without autograd; with autograd on
+    they run fairseq's layer loop: the same log-probs, with and without an observed alignment and a
+    selection, with cross-attention keys/values passed in or computed."""
+    torch.manual_seed(2)
+    extra = ["--imputer-train-block-size", "2"] if arch.startswith("imputer") else []
+    _, m, _ = build_model_and_task(toy_databin[0], ["--arch", arch, "--upsample-ratio", "2",
+                                                     "--dropout", "0"] + extra)
+    m.eval()
+    src, src_len = _batch(m, [4, 7, 2], 7)
+    enc = m.encoder(src, src_lengths=src_len)
+    up = m.decoder.upsample(enc)
+    L = up[0].size(1)
+    alignment = torch.randint(4, 20, (3, L)).masked_fill(m.decoder.alignment_padding(up[1], L), m.pad)
+    alignment[torch.rand(3, L) < 0.5] = m.mask_idx
+    select = alignment.eq(m.mask_idx)
+    for kw in ({}, {"alignment": alignment, "select": select}):
+        with torch.enable_grad():
+            want = m.decoder(enc, normalize=True, upsampled=up, **kw)
+        with torch.no_grad():
+            got = m.decoder(enc, normalize=True, upsampled=up, **kw)
+            cached = m.decoder(enc, normalize=True, upsampled=up, cross=fast.cross_kv(m.decoder, enc), **kw)
+        inside = ~m.decoder.alignment_padding(up[1], L) if not kw else slice(None)
+        assert torch.allclose(got[inside], want[inside].detach(), atol=1e-4)
+        assert torch.equal(got, cached)
