@@ -159,7 +159,7 @@ class CTCGenerator(NATGeneratorBase):
         n = min(tokens.numel(), self.max_len)
         return self._with_eos(tokens[:n]), torch.cat([scores[:n], scores[n:].sum(0, keepdim=True)])
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def generate(self, models, sample, prefix_tokens=None, constraints=None, **unused):
         if constraints is not None or prefix_tokens is not None:
             raise NotImplementedError("ctc decoding: prefix and constrained decoding are not supported")

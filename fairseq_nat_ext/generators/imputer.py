@@ -57,7 +57,7 @@ class ImputerGenerator(CTCGenerator):
         return cls(models, tgt_dict, block=getattr(args, "iter_decode_max_iter", 8),
                    retain_history=getattr(args, "retain_iter_history", False))
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def generate(self, models, sample, prefix_tokens=None, constraints=None, **unused):
         if constraints is not None or prefix_tokens is not None:
             raise NotImplementedError("imputer decoding: prefix and constrained decoding are not supported")

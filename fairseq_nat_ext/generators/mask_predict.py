@@ -107,7 +107,7 @@ class MaskPredictGenerator(NATGeneratorBase):
         best_lp, best_tok = lp.max(-1)
         return best_tok, best_lp
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def generate(self, models, sample, prefix_tokens=None, constraints=None, **unused):
         if constraints is not None:
             raise NotImplementedError("mask_predict: constrained decoding is not supported")
