@@ -27,6 +27,8 @@ import weakref
 import torch
 import torch.nn.functional as F
 
+from . import packed
+
 #: attention module -> (version key, fused q/k/v weight, fused bias)
 _QKV_CACHE = weakref.WeakKeyDictionary()
 
@@ -112,16 +114,9 @@ def cross_kv(decoder, encoder_out):
 
 
 def embed_tokens(decoder, tokens):
-    """fairseq's ``extract_features`` input: scaled token embeddings (+ project_in_dim, positions,
-    layernorm_embedding) -> (N, T, C)."""
-    x = decoder.embed_scale * decoder.embed_tokens(tokens)
-    if decoder.project_in_dim is not None:
-        x = decoder.project_in_dim(x)
-    if decoder.embed_positions is not None:
-        x = x + decoder.embed_positions(tokens)
-    if decoder.layernorm_embedding is not None:
-        x = decoder.layernorm_embedding(x)
-    return x
+    """fairseq's ``extract_features`` input (scaled token embeddings, project_in_dim, positions,
+    layernorm_embedding) -> (N, T, C); modules/packed.py's, whose dropout is the identity in eval mode."""
+    return packed.embed(decoder, tokens)
 
 
 def self_attention(layer, x, keep):

@@ -206,7 +206,7 @@ def tree_decoder_features(decoder, prev_output_tokens: Tensor, encoder_out):
     flat = node.flatten()
     where = flat.ge(0).nonzero().squeeze(1)
     first.scatter_reduce_(0, flat[where], where, reduce="amax", include_self=True)  # one position per node
-    x = _embed(decoder, prev_output_tokens).flatten(0, 1)[first]  # (K, C)
+    x = embed(decoder, prev_output_tokens).flatten(0, 1)[first]  # (K, C)
     enc, enc_pad = encoder_states(encoder_out)
     whole = Rows(torch.ones(1, x.size(0), dtype=torch.bool, device=x.device))  # the nodes as one sequence
     mask = ancestor.unsqueeze(0).unsqueeze(0)
@@ -221,7 +221,7 @@ def encoder_states(encoder_out):
     return enc, enc_pad
 
 
-def _embed(decoder, prev_output_tokens: Tensor) -> Tensor:
+def embed(decoder, prev_output_tokens: Tensor) -> Tensor:
     """fairseq's decoder input embedding (N, T, C), through its dropout (identity in eval mode)."""
     x = decoder.embed_scale * decoder.embed_tokens(prev_output_tokens)
     if decoder.project_in_dim is not None:
@@ -258,7 +258,7 @@ def decoder_features(decoder, prev_output_tokens: Tensor, encoder_out) -> Tensor
     source).  Only where :func:`supports_decoder`."""
     valid = prev_output_tokens.ne(decoder.padding_idx)
     rows = Rows(valid)
-    x = rows.pack(_embed(decoder, prev_output_tokens))
+    x = rows.pack(embed(decoder, prev_output_tokens))
     enc, enc_pad = encoder_states(encoder_out)
     # causal: a real query sees only earlier positions, which are real in a right-padded row
     return _layers(decoder, x, rows, enc, enc_pad)
@@ -272,7 +272,7 @@ def nat_decoder_features(decoder, tokens: Tensor, encoder_out, kv: Optional[dict
     passes.  Only where :func:`supports_decoder`."""
     valid = tokens.ne(decoder.padding_idx)
     rows = Rows(valid)
-    x = rows.pack(_embed(decoder, tokens))
+    x = rows.pack(embed(decoder, tokens))
     enc, enc_pad = encoder_states(encoder_out)
     mask = valid[:, None, None, :]  # keys: the real positions of the row
     return rows.unpack(_layers(decoder, x, rows, enc, enc_pad, mask=mask, kv=kv))
