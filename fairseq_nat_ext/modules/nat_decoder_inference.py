@@ -101,16 +101,12 @@ class CrossKV:
 
 def cross_kv(decoder, encoder_out):
     """encoder_out (fairseq's dict) -> :class:`CrossKV` of every layer of ``decoder``."""
-    enc = encoder_out["encoder_out"][0].transpose(0, 1)  # (B, S, C)
+    enc = encoder_out["encoder_out"][0]  # (S, B, C)
     pads = encoder_out.get("encoder_padding_mask") or []
     keep = None
     if len(pads) > 0 and pads[0] is not None and bool(pads[0].any()):
         keep = (~pads[0]).view(pads[0].size(0), 1, 1, pads[0].size(1))
-    kv = []
-    for layer in decoder.layers:
-        a = layer.encoder_attn
-        kv.append((_heads(a.k_proj(enc), a.num_heads), _heads(a.v_proj(enc), a.num_heads)))
-    return CrossKV(kv, keep)
+    return CrossKV([packed.encoder_kv(layer.encoder_attn, enc) for layer in decoder.layers], keep)
 
 
 def embed_tokens(decoder, tokens):
