@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
-# Write fertility files (OUT_DIR/{train,valid,test}.fert + OUT_DIR/method) for a data-bin: the
-# fertility NAT's supervision (task option --fertility-path OUT_DIR).
+# Write fertility files (OUT_DIR/{train,valid}.fert + OUT_DIR/method) for a data-bin: the
+# fertility NAT's supervision (task option --fertility-path OUT_DIR).  Decoding needs no fertility
+# file: no test split is aligned (a test split in SPLITS is refused).
 #
 #   examples/fertility.sh DATA_BIN OUT_DIR aligner              # eflomal word alignments -> BPE pieces
 #   examples/fertility.sh DATA_BIN OUT_DIR attention TEACHER.pt # the AT teacher's cross-attention
 #
 # aligner: eflomal (pip install eflomal==2.0.0; `make venv` installs it) aligns the BPE-removed
-# lines of all the splits together; every target word's pieces go to its aligned source word, spread
-# over that word's pieces (rule: fairseq_nat_ext/oracles/fertility.py).  attention: one
-# teacher-forced pass of TEACHER.pt (same dictionary); each target token counts for the source token
-# it attends to most.  The data-bin's own targets are used (distilled ones for a distilled data-bin).
-# Environment: SRC/TGT (default: the data-bin's only language pair), SPLITS=train,valid,test (missing
-# ones are skipped), CPU=1 (attention without CUDA), ALIGNMENT_LAYER (attention; default the last),
-# PYTHON (default python).  Skips the work when OUT_DIR already holds train.fert (delete it to redo).
+# lines of the train and valid splits together (never the test references); every target word's
+# pieces go to its aligned source word, spread over that word's pieces (rule:
+# fairseq_nat_ext/oracles/fertility.py).  attention: one teacher-forced pass of TEACHER.pt (same
+# dictionary); each target token counts for the source token it attends to most.  The data-bin's
+# own targets are used (distilled ones for a distilled data-bin).
+# Environment: SRC/TGT (default: the data-bin's only language pair), SPLITS=train,valid (missing
+# ones are skipped; test* splits are refused), CPU=1 (attention without CUDA), ALIGNMENT_LAYER
+# (attention; default the last), PYTHON (default python).  Skips the work when OUT_DIR already
+# holds train.fert (delete it to redo; a kept aligner directory with test fertilities, made before
+# test splits were refused, is reported as leaking).
 set -euo pipefail
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$SCRIPT_DIR/.." && pwd)"
@@ -30,10 +34,14 @@ case "$METHOD" in
 esac
 if [[ -f "$OUT_DIR/train.fert" ]]; then
   echo "[fertility.sh] $OUT_DIR/train.fert exists: kept ($(head -n 1 "$OUT_DIR/method" 2>/dev/null || echo '?'))" >&2
+  if compgen -G "$OUT_DIR/test*.fert" >/dev/null && [[ "$(head -c 7 "$OUT_DIR/method" 2>/dev/null)" == aligner ]]; then
+    echo "[fertility.sh] WARNING: $OUT_DIR holds test fertilities: it was made by a version that aligned the test" \
+         "references together with train (a test-set leak in the training fertilities); delete $OUT_DIR to redo it" >&2
+  fi
   exit 0
 fi
 mkdir -p "$OUT_DIR"
 [[ -n "${SRC:-}" ]] && ARGS+=(-s "$SRC")
 [[ -n "${TGT:-}" ]] && ARGS+=(-t "$TGT")
 PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" "${PYTHON:-python}" -m fairseq_nat_ext.data.make_fertility \
-  --data-bin "$DATA_BIN" --out "$OUT_DIR" --method "$METHOD" --splits "${SPLITS:-train,valid,test}" ${ARGS[@]+"${ARGS[@]}"}
+  --data-bin "$DATA_BIN" --out "$OUT_DIR" --method "$METHOD" --splits "${SPLITS:-train,valid}" ${ARGS[@]+"${ARGS[@]}"}

@@ -8,7 +8,7 @@
 #
 # Fertility supervision: FERTILITY=aligner (default; eflomal) or attention (TEACHER's cross-attention),
 # written once by examples/fertility.sh into FERTILITY_DIR (default SAVE_DIR/fertility) from DATA_BIN's
-# own targets.  REINFORCE_UPDATES=N (default 0): after the main training, N more updates in
+# own targets, for the train and valid splits only (decoding needs none).  REINFORCE_UPDATES=N (default 0): after the main training, N more updates in
 # SAVE_DIR/reinforce started from its checkpoint with --fertility-reinforce (REINFORCE_SAMPLES=4,
 # REINFORCE_LR=LR, REINFORCE_WARMUP=WARMUP); state that budget separately (it is not in MAX_UPDATE).
 # Environment overrides: those of examples/lib/train_nat.sh (LAYERS DIM FFN HEADS DROPOUT

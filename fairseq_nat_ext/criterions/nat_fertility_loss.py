@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from fairseq.criterions import register_criterion
 
+from ..compat import InputError
 from .nat_base import NATLossBase, NATLossConfig
 
 
@@ -27,7 +28,20 @@ class FertilityNATLoss(NATLossBase):
     def model_inputs(self, sample):
         inputs = super().model_inputs(sample)
         inputs["tgt_fertility"] = sample.get("fertility")
+        if inputs["tgt_fertility"] is None:
+            self._no_fertility()
         return inputs
+
+    def _no_fertility(self):
+        """One line naming what is missing: the split's ``.fert`` file (the task loaded it without),
+        or ``--fertility-path`` itself."""
+        missing = getattr(self.task, "missing_fertility", lambda: {})()
+        if missing:
+            names = ", ".join(sorted(missing.values()))
+            raise InputError(f"nat_fertility_loss: the batch has no fertility targets: {names} not found "
+                             "(make train and valid fertilities with examples/fertility.sh; decoding needs none)")
+        raise InputError("nat_fertility_loss: the batch has no fertility targets; train with --task "
+                         "nat_translation --fertility-path DIR (DIR/{train,valid}.fert from examples/fertility.sh)")
 
     def part_factor(self, name, part):
         return self.factors.get(name, part.get("factor", 1.0))

@@ -4,8 +4,9 @@
     python -m fairseq_nat_ext.data.make_fertility --data-bin DATA_BIN --out DIR --method attention \\
         --teacher teacher.pt
 
-* ``aligner``: the BPE-removed lines of all the splits are aligned together by eflomal (``pip install
-  eflomal``; its forward links: every target word linked to at most one source word), or the
+* ``aligner``: the BPE-removed lines of the splits written (train and valid) are aligned together by
+  eflomal (``pip install eflomal``; its forward links: every target word linked to at most one source
+  word), or the
   Pharaoh files given by ``--alignments SPLIT=FILE`` are read instead; the word links are projected
   onto BPE pieces by ``oracles.fertility.bpe_fertility`` (rule in its module doc).
 * ``attention``: one teacher-forced pass of the AT teacher (a fairseq checkpoint sharing the data-bin's
@@ -14,8 +15,13 @@
   excluded) gets one unit of fertility (``oracles.fertility.fertility_from_attention``).
 
 The data-bin's own lines are used (for a distilled data-bin: the distilled targets), in its order.
-Writes ``DIR/{split}.fert`` for every split found among ``--splits`` (default train,valid,test) and
+Writes ``DIR/{split}.fert`` for every split found among ``--splits`` (default train,valid) and
 ``DIR/method``.  Languages: ``-s/-t``, else the only language pair of the data-bin.
+
+Test splits are refused (a split named ``test`` or ``test<anything>``, e.g. ``test1``; one-line
+error): fertilities are training supervision, decoding needs none (``nat_translation`` loads a split
+without its ``.fert`` file), and eflomal aligns the lines it is given jointly, so test references
+among them would shape the training split's alignments (a test-set leak).
 """
 import argparse
 import glob
@@ -42,6 +48,15 @@ def infer_langs(data_bin, split="train"):
         raise SystemExit(f"error: {data_bin}: cannot tell the language pair ({sorted(pairs) or 'none'}); "
                          "give -s and -t")
     return pairs.pop()
+
+
+#: the default --splits: the splits whose fertilities training reads (never a test split)
+DEFAULT_SPLITS = "train,valid"
+
+
+def is_test_split(name):
+    """Whether ``name`` is a test split (``test``, ``test1``, ``test_2016_flickr``, ...)."""
+    return name.lower().startswith("test")
 
 
 def load_split(data_bin, split, src, tgt):
@@ -110,6 +125,10 @@ def aligner_fertility(splits, alignment_files):
         for n in todo:
             src_words += [" ".join(words_from_pieces(p)) for p in texts[n][0]]
             tgt_words += [" ".join(words_from_pieces(p)) for p in texts[n][1]]
+        leaked = [n for n in todo if is_test_split(n)]
+        if leaked:  # main() refuses them; a caller of this function must not pass them either
+            raise SystemExit(f"error: eflomal would align test split(s) {', '.join(leaked)} together with "
+                             "the training lines (a test-set leak); fertilities are needed for train and valid only")
         logger.info("eflomal: aligning %d sentence pairs (%s)", len(src_words), ", ".join(todo))
         flat = run_eflomal(src_words, tgt_words)
         k = 0
@@ -196,7 +215,10 @@ def build_parser():
     p.add_argument("--method", required=True, choices=["aligner", "attention"])
     p.add_argument("-s", "--source-lang")
     p.add_argument("-t", "--target-lang")
-    p.add_argument("--splits", default="train,valid,test", help="comma-separated; missing ones are skipped")
+    p.add_argument("--splits", default=DEFAULT_SPLITS,
+                   help="comma-separated; missing ones are skipped; test splits are refused (decoding needs "
+                        "no fertilities; eflomal would align the test references with the rest) (default "
+                        f"{DEFAULT_SPLITS})")
     p.add_argument("--alignments", action="append", default=[], metavar="SPLIT=FILE",
                    help="aligner: word alignments (Pharaoh i-j) of a split instead of running eflomal")
     p.add_argument("--teacher", help="attention: the AT teacher checkpoint")
@@ -220,8 +242,14 @@ def main(argv=None):
         if not sep or not os.path.isfile(path):
             raise SystemExit(f"error: --alignments {item}: expected SPLIT=FILE with an existing file")
         alignment_files[name] = path
+    names = [x for x in args.splits.split(",") if x]
+    tests = [x for x in names if is_test_split(x)]
+    if tests:
+        raise SystemExit(f"error: --splits {args.splits}: refusing test split(s) {', '.join(tests)}: fertilities "
+                         "are training supervision (decoding needs none) and eflomal would align the test "
+                         f"references together with the training lines; use --splits {DEFAULT_SPLITS}")
     splits = {}
-    for name in [x for x in args.splits.split(",") if x]:
+    for name in names:
         loaded = load_split(args.data_bin, name, src, tgt)
         if loaded is not None:
             splits[name] = loaded
@@ -230,7 +258,7 @@ def main(argv=None):
     if args.method == "aligner":
         rows = aligner_fertility(splits, alignment_files)
         method = "aligner " + ("given alignments" if alignment_files else "eflomal forward links") + \
-            ", BPE projection: spread"
+            f", BPE projection: spread, splits {','.join(splits)}"
     else:
         if not args.teacher or not os.path.isfile(args.teacher):
             raise SystemExit(f"error: --method attention needs --teacher CKPT (got {args.teacher})")

@@ -19,7 +19,9 @@
   (``fairseq_nat_ext/data/fertility.py``) is checked against the split (one value per source token,
   summing to the target length; one-line error naming file and line) and its batches carry
   ``sample["fertility"]``.  A train split without its file is an error; other splits without one
-  (e.g. the test split at decoding time) are loaded as usual.
+  (the test split: ``examples/fertility.sh`` makes train and valid only, decoding needs none) are
+  loaded as usual, and only a loss that needs fertilities (``nat_fertility_loss``, e.g. validation
+  during fairseq-train) stops, with one line naming the missing file (:meth:`missing_fertility`).
 """
 import logging
 import os
@@ -215,11 +217,15 @@ class NATTranslationTask(TranslationTask):
         from ..data.fertility_dataset import FertilityDataset
 
         name = fertility_file(self.cfg.fertility_path, split)
+        self._missing_fertility = getattr(self, "_missing_fertility", {})
+        self._missing_fertility.pop(split, None)
         if not os.path.isfile(name):
             if split.startswith("train"):
                 raise InputError(f"nat_translation: --fertility-path: {name} not found (make it with "
                                  "examples/fertility.sh)")
-            logger.info("no fertility file %s: split %s is loaded without fertilities", name, split)
+            logger.info("no fertility file %s: split %s is loaded without fertilities (decoding needs none)",
+                        name, split)
+            self._missing_fertility[split] = name
             return
         dataset = self.datasets[split]
         if getattr(dataset, "tgt_sizes", None) is None:
@@ -231,6 +237,11 @@ class NATTranslationTask(TranslationTask):
         except ValueError as err:
             raise InputError(str(err)) from None
         self.datasets[split] = FertilityDataset(dataset, rows, name)
+
+    def missing_fertility(self):
+        """{split: the ``--fertility-path`` file it was loaded without}: the loaded splits that have no
+        fertilities (read by ``nat_fertility_loss`` to name the file when a batch lacks them)."""
+        return {k: v for k, v in getattr(self, "_missing_fertility", {}).items() if k in self.datasets}
 
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, **unused):
         gen_cls = getattr(models[0], "generator_class", None)
