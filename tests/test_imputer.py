@@ -198,3 +198,46 @@ def test_an_imputer_ensembled_with_itself_decodes_like_itself(imputer):
     for a, b in zip(one, two):
         assert a[0]["tokens"].tolist() == b[0]["tokens"].tolist()
         assert torch.allclose(a[0]["positional_scores"], b[0]["positional_scores"], atol=1e-5)
+
+
+def _reference_block_decoding(model, sample, B, forbidden):
+    """Block decoding from its definition, one sentence at a time with the decoder's training-time
+    forward (fairseq's layer loop, whole log-softmax): each step, in every block holding masked
+    positions, the masked position whose best symbol is the most probable gets that symbol."""
+    out = []
+    net = sample["net_input"]
+    with torch.enable_grad():  # the decoder's own layer loop, not the inference forward
+        enc = model.encoder(net["src_tokens"], src_lengths=net["src_lengths"])
+        up, lengths = model.decoder.upsample(enc)
+        for b in range(up.size(0)):
+            L = int(lengths[b])
+            enc_b = model.encoder.reorder_encoder_out(enc, torch.tensor([b]))
+            align = [model.mask_idx] * L
+            for _ in range(B):
+                if model.mask_idx not in align:
+                    break
+                lp = model.decoder(enc_b, alignment=torch.tensor([align]), normalize=True,
+                                   upsampled=(up[b:b + 1, :L], lengths[b:b + 1])).detach()[0]
+                lp[:, forbidden] = float("-inf")
+                best_lp, best = lp.max(-1)
+                new = list(align)
+                for k in range(0, L, B):
+                    cands = [i for i in range(k, min(k + B, L)) if align[i] == model.mask_idx]
+                    if cands:
+                        i = max(cands, key=lambda i: (best_lp[i].item(), -i))
+                        new[i] = int(best[i])
+                align = new
+            out.append(align)
+    return out
+
+
+@pytest.mark.parametrize("B", [2, 3])
+def test_block_decoding_equals_a_plain_loop_over_its_definition(imputer, B):
+    task, model, _ = imputer
+    seqs = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]
+    sample = _batch(task, seqs)
+    gen = ImputerGenerator([model], task.target_dictionary, block=B)
+    hyps = gen.generate([model], sample)
+    want = _reference_block_decoding(model, sample, B, gen.forbidden)
+    for h, align in zip(hyps, want):
+        assert h[0]["final_alignment"].tolist() == align

@@ -28,6 +28,7 @@ import math
 import torch
 
 from ..compat import InputError
+from ..modules.vocab_projection import best_vocab_tokens
 from ..oracles.ctc_alignment import alignment_token_scores, ctc_collapse
 from .base import NATGeneratorBase
 
@@ -38,7 +39,12 @@ def ctc_greedy(lprobs, lengths, blank, pad):
     """lprobs (N, T, V), lengths (N,) -> (tokens (N, M), out_lengths (N,), alignment (N, T),
     position log-probs (N, T))."""
     best_lp, alignment = lprobs.max(-1)
-    inside = torch.arange(lprobs.size(1), device=lprobs.device).unsqueeze(0) < lengths.unsqueeze(1)
+    return ctc_greedy_best(best_lp, alignment, lengths, blank, pad)
+
+
+def ctc_greedy_best(best_lp, alignment, lengths, blank, pad):
+    """:func:`ctc_greedy` from every position's best symbol (N, T) and its log-prob (N, T)."""
+    inside = torch.arange(alignment.size(1), device=alignment.device).unsqueeze(0) < lengths.unsqueeze(1)
     alignment = alignment.masked_fill(~inside, pad)
     tokens, out_lengths, _ = ctc_collapse(alignment, lengths, blank, pad)
     return tokens, out_lengths, alignment, best_lp.masked_fill(~inside, 0.0)
@@ -167,16 +173,34 @@ class CTCGenerator(NATGeneratorBase):
         for m in models:
             m.eval()
         net = sample["net_input"]
+        if self.beam == 1 and len(models) == 1:
+            return self._greedy(*self.best_symbols(models[0], net["src_tokens"], net["src_lengths"]))
         lp, lengths = self.alignment_lprobs(models, net["src_tokens"], net["src_lengths"])
         if self.beam == 1:
-            return self._greedy(lp, lengths)
+            best_lp, best = lp.max(-1)
+            return self._greedy(best_lp, best, lengths)
         return self._beam(lp, lengths)
 
-    def _greedy(self, lp, lengths):
-        tokens, out_lengths, alignment, pos_lp = ctc_greedy(lp, lengths, self.blank, self.pad)
+    def best_symbols(self, model, src_tokens, src_lengths):
+        """One model's most probable symbol of every alignment position and its log-prob, without the
+        (N, L, V) log-probs (``best_vocab_tokens``): (log-probs (N, L), symbols (N, L), lengths (N,)),
+        equal to ``alignment_lprobs(...)[0].max(-1)`` up to float rounding; padding positions hold 0
+        and ``pad``."""
+        enc = model.encoder(src_tokens, src_lengths=src_lengths)
+        up = model.decoder.upsample(enc)
+        lengths, L = up[1], up[0].size(1)
+        inside = torch.arange(L, device=lengths.device).unsqueeze(0) < lengths.unsqueeze(1)
+        feats = model.decoder.features(enc, select=inside, upsampled=up)
+        lp, sym = best_vocab_tokens(model.decoder, feats, self.forbidden)
+        best_lp = lp.new_zeros(inside.shape).masked_scatter(inside, lp)
+        best = sym.new_full(inside.shape, self.pad).masked_scatter(inside, sym)
+        return best_lp, best, lengths
+
+    def _greedy(self, best_lp, best, lengths):
+        tokens, out_lengths, alignment, pos_lp = ctc_greedy_best(best_lp, best, lengths, self.blank, self.pad)
         per_token = alignment_token_scores(pos_lp, alignment, lengths, self.blank)
         finalized = []
-        for b in range(lp.size(0)):
+        for b in range(best.size(0)):
             n = int(out_lengths[b])
             toks, ps = self._cut(tokens[b, :n], per_token[b, : n + 1])
             hyp = {"tokens": toks, "score": ps.sum() / ps.numel(), "positional_scores": ps, "alignment": None,

@@ -21,6 +21,7 @@ import math
 import torch
 
 from ..modules import nat_decoder_inference as fast
+from ..modules.vocab_projection import best_vocab_tokens
 from ..oracles.ctc_alignment import alignment_token_scores, ctc_collapse
 from .ctc_nat import CTCGenerator
 
@@ -83,9 +84,8 @@ class ImputerGenerator(CTCGenerator):
             masked = alignment.eq(self.mask)
             if not bool(masked.any()):
                 break
-            lp = self._lprobs(models, encs, ups, crosses, alignment, masked)  # (K, V), masked positions only
-            best_lp, best = lp.max(-1)
-            conf = torch.full((N, L), NEG_INF, device=lp.device).masked_scatter(masked, best_lp)
+            best_lp, best = self._best(models, encs, ups, crosses, alignment, masked)  # masked positions only
+            conf = torch.full((N, L), NEG_INF, device=best_lp.device).masked_scatter(masked, best_lp)
             sym = alignment.masked_scatter(masked, best)
             fill = block_fill_positions(conf, masked, self.block)
             alignment = torch.where(fill, sym, alignment)
@@ -108,6 +108,16 @@ class ImputerGenerator(CTCGenerator):
                 hyp["history"] = history[b]
             finalized.append([hyp])
         return finalized
+
+    def _best(self, models, encs, ups, crosses, alignment, masked):
+        """(log-prob (K,), symbol (K,)) of the best symbol at the K masked positions; one model: from
+        its states through ``best_vocab_tokens`` (no (K, V) log-probs), an ensemble: from the
+        averaged probabilities."""
+        if len(models) == 1:
+            m, e, u, c = models[0], encs[0], ups[0], crosses[0]
+            feats = m.decoder.features(e, alignment=alignment, select=masked, upsampled=u, cross=c)
+            return best_vocab_tokens(m.decoder, feats, self.forbidden)
+        return self._lprobs(models, encs, ups, crosses, alignment, masked).max(-1)
 
     def _lprobs(self, models, encs, ups, crosses, alignment, masked):
         outs = [m.decoder(e, alignment=alignment, normalize=True, select=masked, upsampled=u, cross=c)

@@ -12,8 +12,9 @@ the states of a few positions only.  Here, with the same weights and the same ma
   length candidates and samples of one sentence share them;
 * :func:`decoder_features`: the layers in eval mode (dropout off) with torch's
   ``scaled_dot_product_attention`` (the fused kernel where a batch has no padding), self-attention's
-  q/k/v as one product, and the last layer's feed-forward block (the largest part of a layer) only at
-  the positions in ``select`` when given.  Results equal fairseq's layer loop up to float rounding
+  q/k/v as one product, the projections on CPU through :mod:`.cpu_linear` (weights laid out once for
+  oneDNN), and the last layer's feed-forward block (the largest part of a layer) only at the positions
+  in ``select`` when given.  Results equal fairseq's layer loop up to float rounding
   (tests/test_nat_decoder_inference.py compares them with fairseq's own forward).
 
 :func:`supported` says whether a decoder's layers hold only what is implemented here (post- or
@@ -27,7 +28,7 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from . import packed
+from . import cpu_linear, packed
 
 #: attention module -> (version key, fused q/k/v weight, fused bias)
 _QKV_CACHE = weakref.WeakKeyDictionary()
@@ -121,10 +122,10 @@ def self_attention(layer, x, keep):
     sa = layer.self_attn
     h = layer.self_attn_layer_norm(x) if layer.normalize_before else x
     w, b = _fused_qkv(sa)
-    q, k, v = F.linear(h, w, b).chunk(3, dim=-1)
+    q, k, v = cpu_linear.linear(h, w, b).chunk(3, dim=-1)
     H = sa.num_heads
     h = F.scaled_dot_product_attention(_heads(q, H), _heads(k, H), _heads(v, H), attn_mask=keep)
-    x = x + sa.out_proj(_merge(h))
+    x = x + cpu_linear.module(sa.out_proj, _merge(h))
     return x if layer.normalize_before else layer.self_attn_layer_norm(x)
 
 
@@ -133,15 +134,16 @@ def cross_attention(layer, x, k, v, keep):
     or None, with its residual and layer norm."""
     ca = layer.encoder_attn
     h = layer.encoder_attn_layer_norm(x) if layer.normalize_before else x
-    h = F.scaled_dot_product_attention(_heads(ca.q_proj(h), ca.num_heads), k, v, attn_mask=keep)
-    x = x + ca.out_proj(_merge(h))
+    q = _heads(cpu_linear.module(ca.q_proj, h), ca.num_heads)
+    h = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+    x = x + cpu_linear.module(ca.out_proj, _merge(h))
     return x if layer.normalize_before else layer.encoder_attn_layer_norm(x)
 
 
 def feed_forward(layer, x):
     """Feed-forward sublayer with its residual and layer norm (any leading shape)."""
     h = layer.final_layer_norm(x) if layer.normalize_before else x
-    x = x + layer.fc2(layer.activation_fn(layer.fc1(h)))
+    x = x + cpu_linear.module(layer.fc2, layer.activation_fn(cpu_linear.module(layer.fc1, h)))
     return x if layer.normalize_before else layer.final_layer_norm(x)
 
 
@@ -165,5 +167,5 @@ def decoder_features(decoder, x, self_pad, cross, sent=None, select=None):
     if decoder.layer_norm is not None:
         x = decoder.layer_norm(x)
     if decoder.project_out_dim is not None:
-        x = decoder.project_out_dim(x)
+        x = cpu_linear.module(decoder.project_out_dim, x)
     return x

@@ -28,6 +28,7 @@ from fairseq.models.transformer import base_architecture as transformer_base_arc
 
 from ...compat import InputError
 from ...modules import nat_decoder_inference as fast
+from ...modules.vocab_projection import vocab_logits
 from ...oracles.ctc_alignment import ctc_feasible
 from ...tasks.nat_translation import BLANK_SYMBOL, MASK_SYMBOL
 from .base import SMALL, TINY, PluginNATModel, arch_defaults
@@ -93,7 +94,15 @@ class CTCDecoder(FairseqNATDecoder):
         alignment (B, L): the observed alignment (tokens, ``<blank>``, ``<mask>``, padding) added to
         the upsampled states (the Imputer); None for plain CTC.  ``upsampled``: the result of
         :meth:`upsample` when the caller already has it.  With ``select`` (bool (B, L)) only the
-        selected positions are projected to the vocabulary: (K, V) in row-major order.
+        selected positions are projected to the vocabulary: (K, V) in row-major order.  ``cross``:
+        see :meth:`features`."""
+        x = self.features(encoder_out, alignment=alignment, select=select, upsampled=upsampled, cross=cross)
+        out = vocab_logits(self, x)
+        return F.log_softmax(out.float(), -1) if normalize else out
+
+    def features(self, encoder_out, alignment=None, select=None, upsampled=None, cross=None):
+        """The decoder's final states (B, L, C), or (K, C) at the ``select``ed positions in row-major
+        order (arguments as :meth:`forward`'s).
 
         In eval mode without autograd the layers run through modules/nat_decoder_inference.py (the
         same maths; the last feed-forward block only at ``select``); ``cross``: its cached
@@ -115,9 +124,7 @@ class CTCDecoder(FairseqNATDecoder):
         self_pad = pad_mask if bool(pad_mask.any()) else None
         if not self.training and not torch.is_grad_enabled() and fast.supported(self):
             cross = cross if cross is not None else fast.cross_kv(self, encoder_out)
-            x = fast.decoder_features(self, x, self_pad, cross, select=select)
-            out = self.output_layer(x)
-            return F.log_softmax(out.float(), -1) if normalize else out
+            return fast.decoder_features(self, x, self_pad, cross, select=select)
         x = self.dropout_module(x).transpose(0, 1)  # (L, B, C)
         enc = encoder_out["encoder_out"][0]
         enc_pad = encoder_out["encoder_padding_mask"][0] if encoder_out["encoder_padding_mask"] else None
@@ -128,10 +135,7 @@ class CTCDecoder(FairseqNATDecoder):
         x = x.transpose(0, 1)
         if self.project_out_dim is not None:
             x = self.project_out_dim(x)
-        if select is not None:
-            x = x[select]
-        out = self.output_layer(x)
-        return F.log_softmax(out.float(), -1) if normalize else out
+        return x[select] if select is not None else x
 
 
 @register_model("ctc_nat")
