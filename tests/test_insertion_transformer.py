@@ -109,3 +109,220 @@ def test_cli_train_then_generate(toy_databin, tmp_path):
     proc = train_then_generate(toy_databin[0], tmp_path / "ck",
                                "insertion_tiny", "insertion_loss", ["--iter-decode-max-iter", "5"])
     assert proc.stdout.count("\nH-") == 40
+
+
+# --- --insertion-softmax joint (Stern et al.'s p(c, l)) ----------------------------------------------
+
+def canvas_positions(c, t):
+    """Target positions of the canvas tokens c in t (the oracle's tie rule: as far right as possible)."""
+    pos, j = [], len(c) - 1
+    for k in range(len(t) - 1, -1, -1):
+        if j >= 0 and t[k] == c[j]:
+            pos.append(k)
+            j -= 1
+    assert j == -1
+    return pos[::-1]
+
+
+def paper_joint_loss(logits, canvas, target, pad, bos, eos, tau):
+    """Stern et al. (2019), written from the paper with plain loops: log p(c, l) = logit[l, c] minus the
+    log-sum-exp over every (slot, token) pair of the sentence; slot-loss(l) = sum_i -w_l(i) log p(y_i, l)
+    over the span still missing at l (w: balanced binary tree, softmax of -|i - centre| / tau, or uniform
+    for tau=None), or -log p(EOS, l) for an empty span; loss = mean over the k+1 slots, then mean over
+    the sentences."""
+    logits = logits.detach().double().tolist()
+    per_sentence = []
+    for b in range(len(logits)):
+        c = [x for x in canvas[b].tolist() if x != pad]
+        t = [bos] + [x for x in target[b].tolist() if x != pad]
+        pos = canvas_positions(c, t)
+        n_slots = len(c) - 1
+        flat = [v for k in range(n_slots) for v in logits[b][k]]
+        peak = max(flat)
+        log_z = peak + math.log(sum(math.exp(v - peak) for v in flat))
+        total = 0.0
+        for k in range(n_slots):
+            span = t[pos[k] + 1:pos[k + 1]]
+            if not span:
+                total += -(logits[b][k][eos] - log_z)
+                continue
+            L = len(span)
+            if tau is None:
+                w = [1.0 / L] * L
+            else:
+                e = [math.exp(-abs(i - (L - 1) / 2) / tau) for i in range(L)]
+                w = [x / sum(e) for x in e]
+            for wi, tok in zip(w, span):
+                total += -wi * (logits[b][k][tok] - log_z)
+        per_sentence.append(total / n_slots)
+    return sum(per_sentence) / len(per_sentence)
+
+
+@pytest.fixture
+def joint(model_task):
+    model, _ = model_task
+    model.args.insertion_softmax = "joint"
+    yield model
+    model.args.insertion_softmax = "slot"
+    model.args.insertion_loss, model.args.insertion_tau = "binary_tree", 1.0
+
+
+@pytest.mark.parametrize("loss_kind,tau", [("uniform", None), ("binary_tree", 1.0), ("binary_tree", 0.5)])
+def test_joint_loss_equals_paper_reference(model_task, joint, loss_kind, tau):
+    model, task = model_task
+    model.args.insertion_loss, model.args.insertion_tau = loss_kind, tau if tau is not None else 1.0
+    s = batch(task, 6)
+    torch.manual_seed(1)
+    canvas = model.inject_noise(s["target"])
+    src, lens = s["net_input"]["src_tokens"], s["net_input"]["src_lengths"]
+    with torch.no_grad():
+        loss = model(src, lens, canvas, s["target"])["insertion"]["loss"]
+        logits = model.decoder.forward_slots(canvas, model.encoder(src, src_lengths=lens))
+    ref = paper_joint_loss(logits, canvas, s["target"], model.pad, model.bos, model.eos, tau)
+    assert float(loss) == pytest.approx(ref, abs=1e-4)
+    model.args.insertion_softmax = "slot"
+    with torch.no_grad():
+        per_slot = float(model(src, lens, canvas, s["target"])["insertion"]["loss"])
+    assert abs(per_slot - ref) > 0.1, "the joint normalisation changes the loss"
+
+
+def test_joint_log_probs_are_one_distribution_per_sentence(model_task):
+    model, task = model_task
+    s = batch(task, 6)
+    torch.manual_seed(2)
+    canvas = model.inject_noise(s["target"])
+    src, lens = s["net_input"]["src_tokens"], s["net_input"]["src_lengths"]
+    with torch.no_grad():
+        enc = model.encoder(src, src_lengths=lens)
+        lp = model.decoder.forward_slots(canvas, enc, normalize=True, joint=True)
+        per_slot = model.decoder.forward_slots(canvas, enc, normalize=True)
+    n_slots = canvas.ne(model.pad).sum(1) - 1
+    assert bool((n_slots < canvas.size(1) - 1).any()), "the batch needs rows with padding slots"
+    for b in range(canvas.size(0)):
+        k = int(n_slots[b])
+        assert float(lp[b, :k].double().exp().sum()) == pytest.approx(1.0, abs=1e-5)
+        assert bool(torch.isinf(lp[b, k:]).all())
+        # the same logits: per slot, joint and per-slot log-probs differ by a constant (log p(l))
+        diff = lp[b, :k] - per_slot[b, :k].float()
+        assert torch.allclose(diff, diff[:, :1].expand_as(diff), atol=1e-4)
+
+
+def test_joint_loss_gradients_are_finite(model_task, joint):
+    model, task = model_task
+    s = batch(task, 6)
+    torch.manual_seed(3)
+    canvas = model.inject_noise(s["target"])
+    model.zero_grad()
+    model(s["net_input"]["src_tokens"], s["net_input"]["src_lengths"], canvas, s["target"])["insertion"]["loss"].backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(bool(torch.isfinite(g).all()) for g in grads)
+    model.zero_grad()
+
+
+@pytest.mark.parametrize("mode", ["slot", "joint"])
+def test_criterion_applies_label_smoothing(model_task, mode):
+    """--label-smoothing eps: (1 - eps) * loss + eps * cross-entropy against the uniform distribution
+    over the support (all tokens of each slot under slot, all (slot, token) pairs under joint)."""
+    from fairseq_nat_ext.criterions.insertion_loss import InsertionLoss
+
+    model, task = model_task
+    model.args.insertion_softmax = mode
+    try:
+        s = batch(task, 6)
+        torch.manual_seed(4)
+        s["prev_target"] = model.inject_noise(s["target"])
+        canvas, src, lens = s["prev_target"], s["net_input"]["src_tokens"], s["net_input"]["src_lengths"]
+        with torch.no_grad():
+            nll = float(model(src, lens, canvas, s["target"])["insertion"]["loss"])
+            lp = model.decoder.forward_slots(canvas, model.encoder(src, src_lengths=lens), normalize=True,
+                                             joint=mode == "joint").double()
+            smooth_rows, n_all = [], 0
+            for b in range(canvas.size(0)):
+                k = int(canvas[b].ne(model.pad).sum()) - 1
+                per_slot = [-float(lp[b, i].mean()) for i in range(k)]
+                smooth_rows.append(per_slot)
+                n_all += k
+            if mode == "joint":
+                smooth = sum(sum(r) / len(r) for r in smooth_rows) / len(smooth_rows)
+            else:
+                smooth = sum(sum(r) for r in smooth_rows) / n_all
+            for eps in (0.0, 0.1):
+                loss, size, log = InsertionLoss(task, label_smoothing=eps)(model, s)
+                assert size == 1
+                assert float(loss) == pytest.approx((1 - eps) * nll + eps * smooth, abs=1e-4)
+                assert log["nll_loss"] == pytest.approx(nll, abs=1e-4)
+    finally:
+        model.args.insertion_softmax = "slot"
+
+
+def test_joint_decoding_valid_and_same_tokens_as_per_slot(model_task, joint):
+    """Parallel decoding: argmax_c p(c, l) = argmax_c p(c | l), so the tokens are those of the per-slot
+    normalisation of the same logits; the scores are joint log-probabilities (lower)."""
+    model, task = model_task
+    from fairseq_nat_ext.generators.insertion import InsertionGenerator
+
+    forbidden = {model.pad, model.bos, model.mask_idx, model.unk}
+    s = batch(task, 5)
+    out = {}
+    for mode in ("joint", "slot"):
+        model.args.insertion_softmax = mode
+        gen = InsertionGenerator([model], task.target_dictionary, max_iter=4, placeholder_penalty=1.0)
+        out[mode] = [h for (h,) in gen.generate([model], s)]
+    for hj, hs in zip(out["joint"], out["slot"]):
+        toks = hj["tokens"].tolist()
+        assert toks[-1] == model.eos and model.eos not in toks[:-1] and not forbidden & set(toks)
+        assert 1 <= hj["steps"] <= 4 and len(toks) <= 2 ** 4
+        assert toks == hs["tokens"].tolist() and hj["steps"] == hs["steps"]
+        assert bool((hj["positional_scores"] <= hs["positional_scores"] + 1e-5).all())
+        assert bool(torch.isfinite(hj["positional_scores"]).all())
+
+
+def test_joint_sequential_decoding_picks_the_best_pair(model_task, joint):
+    model, task = model_task
+    from types import SimpleNamespace
+
+    from fairseq_nat_ext.generators.insertion import InsertionGenerator
+
+    gen = InsertionGenerator([model], task.target_dictionary, max_iter=4, placeholder_penalty=50.0,
+                             retain_history=True)
+    gen.configure(SimpleNamespace(insertion_decoding="sequential"))
+    s = batch(task, 2)
+    hyps = [h for (h,) in gen.generate([model], s)]
+    enc = model.encoder(s["net_input"]["src_tokens"], src_lengths=s["net_input"]["src_lengths"])
+    for b, h in enumerate(hyps):
+        sizes = [len(x) for x in h["history"]]
+        assert all(n - m == 1 for m, n in zip([1] + sizes, sizes)), sizes
+        # second round (two slots), re-done by hand: the most probable (slot, token) pair of the joint
+        # distribution, end-of-slot and the forbidden symbols aside
+        e = model.encoder.reorder_encoder_out(enc, torch.tensor([b]))
+        canvas = torch.cat([torch.tensor([model.bos]), h["history"][0]]).unsqueeze(0)
+        with torch.no_grad():
+            lp = model.decoder.forward_slots(canvas, e, normalize=True, joint=True)[0]
+        lp[:, [model.pad, model.bos, model.mask_idx, model.unk, model.eos]] = float("-inf")
+        k, tok = divmod(int(lp.argmax()), lp.size(1))
+        expected = canvas[0, 1:].tolist()
+        expected.insert(k, tok)
+        assert h["history"][1].tolist() == expected
+
+
+@pytest.mark.slow
+def test_cli_train_then_generate_joint(toy_databin, tmp_path):
+    import os
+
+    from conftest import PLUGIN_DIR, run_cli
+
+    data_bin, ck = toy_databin[0], tmp_path / "ck"
+    run_cli(["fairseq-train", data_bin, "--user-dir", PLUGIN_DIR, "--task", "nat_translation",
+             "--arch", "insertion_tiny", "--criterion", "insertion_loss", "--insertion-softmax", "joint",
+             "--insertion-loss", "uniform", "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "800",
+             "--max-update", "4", "--save-dir", str(ck), "--no-epoch-checkpoints", "--num-workers", "0"])
+    path = os.path.join(str(ck), "checkpoint_last.pt")
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    margs = state["cfg"]["model"]
+    assert getattr(margs, "insertion_softmax", None) == "joint", "fairseq-generate reads it from the checkpoint"
+    proc = run_cli(["fairseq-generate", data_bin, "--user-dir", PLUGIN_DIR, "--task", "nat_translation",
+                    "--path", path, "--max-tokens", "800", "--iter-decode-max-iter", "5"])
+    assert proc.stdout.count("\nH-") == 40
+    for line in proc.stdout.splitlines():
+        if line.startswith("H-"):
+            assert "<pad>" not in line and "<mask>" not in line

@@ -3,6 +3,7 @@ generator's loop (``generators/levenshtein.py``) with one insertion round instea
 import torch
 
 from ..models.nat.edit_ops import fill_placeholders, insert_placeholders, spread_scores
+from ..models.nat.insertion import insertion_softmax
 from .levenshtein import EditGenerator
 
 
@@ -12,7 +13,13 @@ class InsertionGenerator(EditGenerator):
     inserts (``--iter-decode-max-iter`` rounds at most).  ``sequential``: greedy, one token per
     round, in the slot whose best token is the most probable; it runs until every slot ends (at most
     the decoder's max positions; ``--iter-decode-max-iter`` does not cut it).
-    ``--iter-decode-eos-penalty`` is subtracted from the end-of-slot log-probability."""
+    ``--iter-decode-eos-penalty`` is subtracted from the end-of-slot log-probability.
+
+    A model trained with ``--insertion-softmax joint`` (read from the checkpoint's args) is decoded
+    with its joint log-probabilities log p(c, l) (one distribution over every (slot, token) pair of a
+    row): each slot's best content is argmax_c p(c, l) and the slot stays empty when that is the
+    end-of-slot token (Stern et al.'s parallel decoding), the sequential order picks the most probable
+    (slot, token) pair among the slots that insert, and the token scores are joint log-probabilities."""
 
     sequential = False
 
@@ -25,7 +32,8 @@ class InsertionGenerator(EditGenerator):
             self.max_iter = max(self.max_iter, self.max_len)
 
     def _round(self, model, tokens, scores, enc, history):
-        lp = model.decoder.forward_slots(tokens, enc, normalize=True).float()  # (N, S, V)
+        joint = insertion_softmax(getattr(model, "args", None)) == "joint"
+        lp = model.decoder.forward_slots(tokens, enc, normalize=True, joint=joint).float()  # (N, S, V)
         lp[..., [self.pad, self.bos, self.mask, self.unk]] = float("-inf")
         lp[..., self.eos] -= self.penalty
         best_lp, best = lp.max(-1)

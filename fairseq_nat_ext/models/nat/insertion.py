@@ -3,12 +3,22 @@
 A non-causal decoder reads the canvas ``<s> ... </s>``; slot k (between tokens k and k+1) is
 represented by a linear map of the concatenated neighbour states, and the output layer gives, per
 slot, a distribution over the vocabulary in which ``</s>`` means "nothing more to insert here"
-(the end-of-slot label).  Training: the canvas is a random subsequence of the target (fairseq's
-random deletion noise); the loss of every slot is the oracle's (``fairseq_nat_ext.oracles.insertion``)
-weighted cross-entropy over its missing span -- ``--insertion-loss binary_tree`` (temperature
-``--insertion-tau``) or ``uniform`` -- or the end-of-slot label when the span is
-empty; slot losses are averaged.  Decoding (``generators/insertion.py``) inserts the argmax token in
-every slot whose argmax is not end-of-slot, in parallel, until no slot inserts.
+(the end-of-slot label).  ``--insertion-softmax`` chooses how the (slot, token) logits are
+normalised: ``slot`` (default; one softmax over the vocabulary per slot, p(c | l)) or ``joint``
+(Stern et al.'s p(c, l): one softmax over every (slot, token) pair of a sentence, the slots of its
+padding excluded).
+
+Training: the canvas is a random subsequence of the target (fairseq's random deletion noise); the loss
+of every slot is the oracle's (``fairseq_nat_ext.oracles.insertion``) weighted cross-entropy over its
+missing span -- ``--insertion-loss binary_tree`` (temperature ``--insertion-tau``) or ``uniform`` --
+or the end-of-slot label when the span is empty.  ``slot``: slot losses are averaged over all slots of
+the batch; ``joint``: the paper's loss, the mean over a sentence's k+1 slots, averaged over the
+sentences.  The criterion's ``--label-smoothing`` eps mixes in the cross-entropy against the uniform
+distribution over the same support: every token of each slot (``slot``), every (slot, token) pair of
+the sentence (``joint``).  Decoding (``generators/insertion.py``) inserts the argmax token in every
+slot whose argmax is not end-of-slot, in parallel, until no slot inserts (the per-slot argmax of the
+joint log-probabilities is that of the logits, so both normalisations choose the same tokens from the
+same logits; the scores differ).
 """
 
 import torch
@@ -32,12 +42,18 @@ class InsertionDecoder(FairseqNATDecoder):
         self.mask_idx = dictionary.index(MASK_SYMBOL)
         self.slot_proj = nn.Linear(2 * d, d)
 
-    def forward_slots(self, tokens, encoder_out, normalize=False):
-        """tokens (B, T) -> (B, T-1, V) per-slot token logits (``</s>`` = end of slot)."""
+    def forward_slots(self, tokens, encoder_out, normalize=False, joint=False):
+        """tokens (B, T) -> (B, T-1, V) per-slot token logits (``</s>`` = end of slot).  normalize:
+        log-probabilities, per slot (``joint=False``: log p(c | l)) or over every (slot, token) pair
+        of a row (``joint=True``: log p(c, l), float32; the slots past the row's last token get -inf)."""
         h, _ = self.extract_features(tokens, encoder_out=encoder_out, full_context_alignment=True)
         slots = self.slot_proj(torch.cat([h[:, :-1], h[:, 1:]], -1))
         out = self.output_layer(slots)
-        return F.log_softmax(out, -1) if normalize else out
+        if not normalize:
+            return out
+        if joint:
+            return joint_log_softmax(out, slot_mask(tokens, self.padding_idx))
+        return F.log_softmax(out, -1)
 
     def forward(self, tokens, encoder_out, **unused):
         return self.forward_slots(tokens, encoder_out)
@@ -61,9 +77,18 @@ class InsertionModel(EditNATModel):
                                  "to the span centre / tau) or uniform")
         parser.add_argument("--insertion-tau", type=float,
                             help="balanced-binary-tree temperature (0 also means uniform)")
+        parser.add_argument("--insertion-softmax", choices=["slot", "joint"],
+                            help="slot: one softmax over the vocabulary per slot, p(c | l) (default); "
+                                 "joint: Stern et al.'s p(c, l), one softmax over every (slot, token) "
+                                 "pair of a sentence, and the paper's loss (mean over the sentence's "
+                                 "slots, then over sentences)")
 
     def span_tau(self):
         return span_tau(self.args)
+
+    @property
+    def joint_softmax(self):
+        return insertion_softmax(self.args) == "joint"
 
     def forward(self, src_tokens, src_lengths, prev_output_tokens, tgt_tokens, **kwargs):
         pad = self.pad
@@ -73,19 +98,49 @@ class InsertionModel(EditNATModel):
         # which target tokens are on the canvas: the oracle's alignment (a subsequence keeps all)
         keep = levenshtein_oracle(canvas, tgt, pad, self.mask_idx).keep_tgt
         o = insertion_oracle(tgt, keep, pad, tau=self.span_tau())
-        lp = self.decoder.forward_slots(canvas, enc, normalize=True).float()  # (B, S, V)
+        joint = self.joint_softmax
+        lp = self.decoder.forward_slots(canvas, enc, normalize=True, joint=joint).float()  # (B, S, V)
         S = lp.size(1)
+        valid = slot_mask(canvas, pad)  # (B, S) the slots of each canvas
+        lp = lp.masked_fill(~valid.unsqueeze(-1), 0.0)  # padding slots (-inf under joint): never read
         # slot s of the oracle is "before kept token s": canvas slot k (after token k) = oracle slot k+1
         slot = (o.slot - 1).clamp(0, S - 1)
         per_pos = lp[torch.arange(tgt.size(0), device=tgt.device).unsqueeze(1), slot, tgt]  # (B, m)
         span_loss = -(o.weight * per_pos).masked_fill(~o.missing, 0.0)  # (B, m)
         slot_loss = torch.zeros(lp.shape[:2], device=lp.device).scatter_add(1, slot, span_loss)
-        valid = torch.arange(S, device=lp.device).unsqueeze(0) < (canvas.ne(pad).sum(1) - 1).unsqueeze(1)
         done = o.slot_done[:, 1:S + 1] & valid
         slot_loss = slot_loss + torch.where(done, -lp[..., self.eos], torch.zeros_like(slot_loss))
-        n = valid.sum().clamp_min(1)
-        loss = slot_loss.masked_fill(~valid, 0.0).sum() / n
-        return {"insertion": {"loss": loss, "nll_loss": loss.detach(), "factor": 1.0}}
+        slot_loss = slot_loss.masked_fill(~valid, 0.0)
+        # label smoothing's term: cross-entropy against the uniform distribution over the support
+        smooth = (-lp.mean(-1)).masked_fill(~valid, 0.0)  # (B, S)
+        if joint:  # the paper: mean over the sentence's slots (support: all its (slot, token) pairs)
+            n_b = valid.sum(1).clamp_min(1)
+            loss = (slot_loss.sum(1) / n_b).mean()
+            smooth = (smooth.sum(1) / n_b).mean()
+        else:  # mean over every slot of the batch
+            n = valid.sum().clamp_min(1)
+            loss = slot_loss.sum() / n
+            smooth = smooth.sum() / n
+        return {"insertion": {"loss": loss, "nll_loss": loss.detach(), "smooth": smooth, "factor": 1.0}}
+
+
+def slot_mask(tokens, pad):
+    """tokens (B, T) right-padded -> bool (B, T-1): slot k (between tokens k and k+1) exists."""
+    T = tokens.size(1)
+    return torch.arange(T - 1, device=tokens.device).unsqueeze(0) < (tokens.ne(pad).sum(1) - 1).unsqueeze(1)
+
+
+def joint_log_softmax(logits, valid):
+    """logits (B, S, V), valid bool (B, S) -> float32 log p(c, l): one log-softmax over the S' x V
+    (slot, token) pairs of each row's valid slots; invalid slots get -inf."""
+    B, S, V = logits.shape
+    x = logits.float().masked_fill(~valid.unsqueeze(-1), float("-inf"))
+    return F.log_softmax(x.reshape(B, S * V), -1).view(B, S, V)
+
+
+def insertion_softmax(args):
+    """``slot`` or ``joint`` (checkpoints from before the option: ``slot``)."""
+    return getattr(args, "insertion_softmax", None) or "slot"
 
 
 def span_tau(args):
@@ -98,7 +153,8 @@ def span_tau(args):
 
 @register_model_architecture("insertion", "insertion")
 def insertion_base(args):
-    arch_defaults(args, insertion_loss="binary_tree", insertion_tau=1.0, share_all_embeddings=True, dropout=0.3, apply_bert_init=True)
+    arch_defaults(args, insertion_loss="binary_tree", insertion_tau=1.0, insertion_softmax="slot",
+                  share_all_embeddings=True, dropout=0.3, apply_bert_init=True)
     transformer_base_architecture(args)
 
 
