@@ -100,11 +100,13 @@ def test_candidate_fertilities():
     assert torch.allclose(freq, torch.tensor([0.5, 0.25, 0.25]), atol=0.04)
 
 
-def test_npd_picks_the_candidate_with_the_best_teacher_score(model_task):
+@pytest.mark.parametrize("rank", ["total", "mean"])
+def test_npd_picks_the_candidate_with_the_best_teacher_score(model_task, rank):
     task, model, _ = model_task
     V = len(task.target_dictionary) - 1  # the teacher's dictionary lacks <mask>
     teacher = FakeTeacher(V)
-    gen = NPDGenerator([model], task.target_dictionary, npd_samples=5, teacher=teacher, retain_history=True)
+    gen = NPDGenerator([model], task.target_dictionary, npd_samples=5, teacher=teacher, retain_history=True,
+                       npd_rank=rank)
     sample = _sample(task)
     src, src_len = sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"]
     B = src.size(0)
@@ -141,13 +143,13 @@ def test_npd_picks_the_candidate_with_the_best_teacher_score(model_task):
             r = b * 5 + k
             toks = c["tokens"][r, : int(c["lengths"][r])].tolist() + [eos]
             cands.append(toks)
-            score = float(table[toks].mean())
-            assert abs(score - float(hyps[b][0]["npd_scores"][k])) < 1e-5
+            score = float(table[toks].sum() if rank == "total" else table[toks].mean())
+            assert abs(score - float(hyps[b][0]["npd_scores"][k])) < 1e-4
             if best_score is None or score > best_score + 1e-6:
                 best, best_score = toks, score
         n_distinct += len({tuple(x) for x in cands}) > 1
         assert hyps[b][0]["tokens"].tolist() == best
-        assert abs(float(hyps[b][0]["score"]) - best_score) < 1e-5
+        assert abs(float(hyps[b][0]["score"]) - best_score) < 1e-4
         assert [h["tokens"].tolist() for h in hyps[b][0]["history"]] == cands
         assert hyps[b][0]["steps"] == 1
     assert n_distinct > 0, "the sampled candidates differ from the argmax one"
@@ -232,16 +234,19 @@ def test_teacher_scores_batched_equals_one_by_one(model_task):
         assert abs(float(s[n]) - float(table[toks].mean())) < 1e-5
 
 
-def test_npd_1_is_argmax_decoding_and_needs_no_teacher(model_task):
+@pytest.mark.parametrize("rank", [None, "total", "mean"])
+def test_npd_1_is_argmax_decoding_and_needs_no_teacher(model_task, rank):
     task, model, _ = model_task
     sample = _sample(task)
-    gen = NPDGenerator([model], task.target_dictionary)
+    gen = NPDGenerator([model], task.target_dictionary, npd_rank=rank)
     hyps = gen.generate([model], sample)
     c = gen.candidates([model], sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"], 1)
     for b, h in enumerate(hyps):
         n = int(c["lengths"][b])
         assert h[0]["tokens"][:-1].tolist() == c["tokens"][b, :n].tolist()
-        assert abs(float(h[0]["score"]) - float(c["lprobs"][b, :n].mean())) < 1e-5
+        # the score is the NAT's own log-probability of the output: summed unless rank=mean
+        lp = c["lprobs"][b, :n]
+        assert abs(float(h[0]["score"]) - float(lp.mean() if rank == "mean" else lp.sum())) < 1e-4
 
 
 def test_npd_option_errors(model_task, tmp_path):
@@ -254,6 +259,8 @@ def test_npd_option_errors(model_task, tmp_path):
         gen.configure(task.cfg)
     with pytest.raises(InputError, match=">= 1"):
         NPDGenerator([model], task.target_dictionary, npd_samples=0).configure(task.cfg)
+    with pytest.raises(InputError, match="--npd-rank must be one of total, mean, got 'sum'"):
+        NPDGenerator([model], task.target_dictionary, npd_rank="sum").configure(task.cfg)
     # the fertility label must agree with the training fertilities' method file
     from fairseq_nat_ext.data.fertility import write_method
 
@@ -270,13 +277,21 @@ def test_benchmark_decoding_keys_of_this_issue():
     assert dec.canonical_decoding("npd=10,fertility=aligner") == "fertility=aligner,npd=10"
     assert dec.parse_decoding("fertility=attention,npd=1") == {"fertility": "attention", "npd": 1}
     assert dec.canonical_decoding("iter=0") == "iter=0"  # fairseq's single-pass NAT decoding
-    for bad in ("fertility=bpe", "npd=0", "npd=2.5", "len_beam=0", "block=0"):
+    assert dec.canonical_decoding("rank=total,npd=10,fertility=aligner") == "fertility=aligner,npd=10,rank=total"
+    assert dec.canonical_decoding("npd=10,rank=mean") == "npd=10,rank=mean"
+    for bad in ("fertility=bpe", "npd=0", "npd=2.5", "len_beam=0", "block=0", "rank=sum", "rank=1"):
         with pytest.raises(ValueError):
             dec.parse_decoding(bad)
     ns = dec.generation_options({"fertility": "aligner", "npd": 10}, npd_teacher="t.pt")
     assert (ns.npd_samples, ns.fertility_source, ns.npd_teacher) == (10, "aligner", "t.pt")
     assert dec.decoding_kinds({"fertility": "aligner", "npd": 10}) == {"nat"}
-    assert set(NPDGenerator.decoding_keys) == {"fertility", "npd"}
+    ns = dec.generation_options(dec.parse_decoding("npd=10,rank=mean"))
+    assert (ns.npd_samples, ns.npd_rank) == (10, "mean")
+    assert dec.decoding_kinds({"npd": 10, "rank": "total"}) == {"nat"}
+    assert set(NPDGenerator.decoding_keys) == {"fertility", "npd", "rank"}
+    from fairseq_nat_ext.evaluation.translate import generate_flags
+
+    assert generate_flags("npd=10,rank=total") == "--npd-samples 10 --npd-rank total"
 
 
 def test_generation_args_take_precedence_over_the_task_config(model_task):
@@ -285,6 +300,13 @@ def test_generation_args_take_precedence_over_the_task_config(model_task):
 
     gen = task.build_generator([model], dec.generation_options({"npd": 1}))
     assert isinstance(gen, NPDGenerator) and gen.samples == 1
+    assert gen.rank == "total"  # the task's default --npd-rank: the paper's ranking
+    task.cfg.npd_rank = "mean"
+    try:
+        assert task.build_generator([model], dec.generation_options({"npd": 1})).rank == "mean"
+        assert task.build_generator([model], dec.generation_options({"npd": 1, "rank": "total"})).rank == "total"
+    finally:
+        task.cfg.npd_rank = "total"
     task.cfg.npd_samples = 4
     try:
         with pytest.raises(InputError, match="--npd-samples 4 needs --npd-teacher"):  # read from the task
@@ -368,3 +390,62 @@ def test_one_source_groups_share_cross_attention_and_match_fairseqs_forwards(mod
         assert a["tokens"].tolist() == b["tokens"].tolist()
         torch.testing.assert_close(a["npd_scores"], b["npd_scores"], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(a["positional_scores"], b["positional_scores"], atol=1e-5, rtol=1e-5)
+
+
+def _tiny_transformer(data_bin, seed=0):
+    """A random fairseq transformer on the toy data-bin (its dictionary: ours without <mask>)."""
+    import fairseq_nat_ext  # noqa: F401
+    from fairseq import options, tasks
+
+    args = options.parse_args_and_arch(options.get_training_parser(), [
+        data_bin, "--task", "translation", "--arch", "transformer", "--share-all-embeddings",
+        "--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
+        "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2",
+        "--decoder-attention-heads", "2", "--dropout", "0"])
+    task = tasks.setup_task(args)
+    torch.manual_seed(seed)
+    return task.build_model(args).eval()
+
+
+def _plain_teacher_log_prob(teacher, src, y, eos):
+    """log p_teacher(y | src) by the chain rule, one full teacher call per target position (no cache, no
+    packing): y ends in </s>; the decoder reads </s> then y's prefix."""
+    total = 0.0
+    with torch.no_grad():
+        for t in range(len(y)):
+            prev = torch.tensor([[eos] + y[:t]])
+            logits, _ = teacher(src.unsqueeze(0), torch.tensor([src.numel()]), prev)
+            total += float(torch.log_softmax(logits[0, -1].double(), -1)[y[t]])
+    return total
+
+
+def test_npd_rank_follows_the_paper_against_a_plain_teacher(model_task, toy_databin):
+    """Gu et al. 2018 keep the NPD candidate of highest teacher log-probability: with rank=total (the
+    default) the returned hypothesis is, for every sentence, the candidate whose total log p_teacher (a
+    plain chain-rule loop over a real fairseq transformer) is the largest; rank=mean divides each by its
+    length (tokens and </s>).  The two rankings pick differently for some sentence."""
+    task, model, _ = model_task
+    d = task.target_dictionary
+    teacher = _tiny_transformer(toy_databin[0], seed=1)
+    sample = _sample(task, n=8)
+    src_tokens = sample["net_input"]["src_tokens"]
+    s, picked = 6, {}
+    for rank in (None, "total", "mean"):
+        gen = NPDGenerator([model], d, npd_samples=s, teacher=teacher, retain_history=True, npd_rank=rank)
+        torch.manual_seed(11)
+        hyps = gen.generate([model], sample)
+        picked[rank] = []
+        for b in range(src_tokens.size(0)):
+            src = src_tokens[b][src_tokens[b].ne(d.pad())]
+            cands = [h["tokens"].tolist() for h in hyps[b][0]["history"]]
+            assert len(cands) == s and all(c[-1] == d.eos() for c in cands)
+            totals = [_plain_teacher_log_prob(teacher, src, c, d.eos()) for c in cands]
+            scores = [t / len(c) for t, c in zip(totals, cands)] if rank == "mean" else totals
+            best = max(range(s), key=lambda k: (scores[k], -k))  # ties: the lowest candidate
+            assert hyps[b][0]["tokens"].tolist() == cands[best]
+            assert abs(float(hyps[b][0]["score"]) - scores[best]) < 1e-3
+            assert torch.allclose(hyps[b][0]["npd_scores"].double(), torch.tensor(scores, dtype=torch.double),
+                                  atol=1e-3)
+            picked[rank].append(cands[best])
+    assert picked[None] == picked["total"]
+    assert picked["total"] != picked["mean"], "the rankings differ for some sentence"

@@ -19,6 +19,8 @@ key             fairseq option                   type     used by
 ``block``       ``--iter-decode-max-iter``       int      Imputer: block size B = decoding steps
 ``fertility``   (label, sets nothing)            choice   nat_fertility: ``aligner`` or ``attention``
 ``npd``         ``--npd-samples`` (task option)  int      nat_fertility: noisy parallel decoding
+``rank``        ``--npd-rank`` (task option)     choice   nat_fertility: ``total`` (the paper's) or
+                                                          ``mean`` teacher log-probability ranks NPD
 ``order``       task ``--insertion-decoding``    str      Insertion Transformer: parallel/sequential
 ``dir``         (checked: ``SRC-TGT``)           str      a model that translates both ways (KERMIT)
 ``loss``        (checked: the checkpoint's)      str      which training loss the row's model used
@@ -37,7 +39,8 @@ timed decoding) with the same function as nat_translation's ``--collapse-repeats
 gives at most one of them.  ``iter=0`` is allowed for fairseq's IterativeRefinementGenerator, which
 counts passes from 0 (``iter=0``: a single pass, e.g. fairseq's ``nonautoregressive_transformer``);
 this plugin's generators treat it as 1.  ``npd`` is set on the generation options as ``npd_samples``
-(the nat_fertility generator reads it there before the task's ``--npd-samples``); ``fertility`` names
+(the nat_fertility generator reads it there before the task's ``--npd-samples``), and so is ``rank``
+as ``npd_rank`` (before the task's ``--npd-rank``, default ``total``); ``fertility`` names
 how the system's training fertilities were made and is checked by that generator against the
 checkpoint's fertility directory when present.  ``beam`` is also CTC prefix beam search (``ctc_nat``; ``beam=1`` greedy).
 A generator may declare the keys it reads (``decoding_keys``); the harness then refuses the others.
@@ -64,13 +67,14 @@ KEYS = {
     "block": ("iter_decode_max_iter", int, "nat"),
     "fertility": ("fertility_source", str, "label"),
     "npd": ("npd_samples", int, "nat"),
+    "rank": ("npd_rank", str, "nat"),
     "order": ("insertion_decoding", str, "task"),
     "dir": (None, str, "info"),
     "loss": (None, str, "info"),
     "dedup": ("collapse_repeats", bool, "post"),
 }
 #: allowed values of the string keys (the others: one word)
-CHOICES = {"fertility": ("aligner", "attention"), "order": ("parallel", "sequential"),
+CHOICES = {"fertility": ("aligner", "attention"), "order": ("parallel", "sequential"), "rank": ("total", "mean"),
            "loss": ("binary_tree", "uniform")}
 _WORD_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
 #: integer keys whose smallest value is 0 (the others: 1)

@@ -2,16 +2,24 @@
 rescored by an autoregressive teacher.  Batched on tensors, CPU or CUDA (the device of the input).
 
 Options (task config fields, read through ``configure``; fairseq-generate ``--npd-samples s
---npd-teacher AT.pt``):
-* s = 1 (default): every source token's argmax fertility; one decoder pass; score = the mean
-  log-probability of the output tokens.
+--npd-teacher AT.pt --npd-rank total|mean``):
+* ``--npd-rank`` (decoding key ``rank``): how a candidate's score adds up its token log-probabilities.
+  ``total`` (default, as the paper: Gu et al. 2018 keep the candidate of highest teacher
+  log-probability log p_AR(y | x)) sums them; ``mean`` divides the sum by the number of scored
+  tokens (length-normalised; this module's only ranking before the option existed, so results
+  measured before it read ``rank=mean``).  With s > 1 it is the teacher's score of each candidate
+  (its tokens and ``</s>``) and decides which candidate is returned; with s = 1 (one candidate, no
+  teacher) it only sets the reported score (the NAT's own log-probabilities of the output tokens).
+* s = 1 (default): every source token's argmax fertility; one decoder pass; score = the total (or
+  mean, ``--npd-rank mean``) log-probability of the output tokens under the NAT.
 * s > 1: the argmax fertilities plus s - 1 fertility sequences sampled from the classifier (every
   source token independently), i.e. s candidates per sentence.  All B * s candidates are decoded in
   ONE batched decoder pass (argmax token per position), then ALL are scored by the teacher in ONE
-  teacher-forced forward pass (no autoregressive loop): score = the teacher's mean log-probability
-  of the candidate's tokens and ``</s>``.  The best-scoring candidate of each sentence is returned
-  (ties: the lowest candidate, i.e. the argmax one first).  A fertility sequence drawn more than once
-  for a sentence is decoded and scored once (its copies share the result).  Large batches (e.g. 128
+  teacher-forced forward pass (no autoregressive loop): score = the teacher's total (or mean)
+  log-probability of the candidate's tokens and ``</s>``.  The best-scoring candidate of each
+  sentence is returned (ties: the lowest candidate, i.e. the argmax one first).  A fertility
+  sequence drawn more than once for a sentence is decoded and scored once (its copies share the
+  result).  Large batches (e.g. 128
   sentences x 100 samples) are decoded and scored in length-sorted groups of at most
   ``NPD_CHUNK_TOKENS`` candidate tokens, one pass each, so memory stays bounded; one sentence's
   candidates are one group.  Only real (non-padding) positions are projected onto the vocabulary.
@@ -31,9 +39,10 @@ Hypotheses: tokens (ending in ``</s>``), score, positional_scores (the NAT's own
 ``</s>``), alignment=None, steps=1 (decoder passes; the teacher's pass is not a decoder pass), and
 ``npd_scores`` (the selection score of every candidate).
 
-Benchmark decoding keys (``decoding_keys``): ``npd`` (= ``--npd-samples``) and ``fertility`` -- a
-label naming how the model's training fertilities were made (``aligner``/``attention``); when the
-checkpoint's ``--fertility-path`` directory is present, its ``method`` file must agree with it.
+Benchmark decoding keys (``decoding_keys``): ``npd`` (= ``--npd-samples``), ``rank`` (=
+``--npd-rank``) and ``fertility`` -- a label naming how the model's training fertilities were made
+(``aligner``/``attention``); when the checkpoint's ``--fertility-path`` directory is present, its
+``method`` file must agree with it.
 """
 import math
 import os
@@ -123,11 +132,26 @@ def _shares_cross_attention(decoder):
     return isinstance(decoder, TransformerDecoderBase)
 
 
+#: ``--npd-rank`` values: how a candidate's token log-probabilities add up to its score
+RANKS = ("total", "mean")
+
+
+def reduce_log_probs(lp, keep, rank):
+    """lp (N, T) token log-probs, keep bool (N, T) the scored positions -> (N,): their sum (``total``) or
+    their mean (``mean``; a row without positions scores 0)."""
+    if rank not in RANKS:
+        raise InputError(f"--npd-rank must be one of {', '.join(RANKS)}, got {rank!r}")
+    total = (lp * keep).sum(1)
+    return total if rank == "total" else total / keep.sum(1).clamp(min=1)
+
+
 @torch.no_grad()
-def teacher_scores(teacher, src_tokens, src_lengths, order, tokens, lengths, pad, eos, encoder_out=None):
-    """Mean log-probability of every candidate (and its ``</s>``) under the teacher, one teacher-forced
-    pass: the teacher encodes the B sources once (or takes their ``encoder_out``), the candidate rows
-    (N, ``order`` maps each to its source row) go through its decoder together -> (N,)."""
+def teacher_scores(teacher, src_tokens, src_lengths, order, tokens, lengths, pad, eos, encoder_out=None,
+                   rank="mean"):
+    """Log-probability of every candidate (and its ``</s>``) under the teacher, summed (``rank="total"``)
+    or averaged over its tokens (``"mean"``), one teacher-forced pass: the teacher encodes the B
+    sources once (or takes their ``encoder_out``), the candidate rows (N, ``order`` maps each to its
+    source row) go through its decoder together -> (N,)."""
     prev, target = teacher_forced_inputs(tokens, lengths, pad, eos)
     enc = teacher.encoder(src_tokens, src_lengths=src_lengths) if encoder_out is None else encoder_out
     V = teacher.decoder.output_projection.out_features if getattr(teacher.decoder, "output_projection", None) \
@@ -150,7 +174,7 @@ def teacher_scores(teacher, src_tokens, src_lengths, order, tokens, lengths, pad
         with fairseq_mask_warning_silenced():
             feats, _ = teacher.decoder(prev, encoder_out=enc, features_only=True)
         lp = target_log_probs(feats, teacher.decoder.output_layer, target, V, keep=keep)
-    return lp.sum(1) / keep.sum(1)
+    return reduce_log_probs(lp, keep, rank)
 
 
 #: candidate tokens per decoder / teacher pass (rows x the longest row): NPD over a large batch
@@ -177,12 +201,13 @@ def length_chunks(lengths, max_tokens=None):
 
 class NPDGenerator(NATGeneratorBase):
     #: the benchmark's decoding keys this generator reads (fairseq_nat_ext.evaluation.decoding)
-    decoding_keys = ("npd", "fertility")
+    decoding_keys = ("npd", "rank", "fertility")
 
     def __init__(self, models, tgt_dict, npd_samples=None, teacher=None, teacher_path=None,
-                 retain_history=False, fertility_label=None):
+                 retain_history=False, fertility_label=None, npd_rank=None):
         super().__init__(models, tgt_dict, retain_history)
         self.npd_samples = npd_samples  # None: from the task config (configure), else 1
+        self.npd_rank = npd_rank  # None: from the task config (configure), else "total"
         self.teacher = teacher
         self.teacher_path = teacher_path
         self.fertility_label = fertility_label
@@ -192,13 +217,17 @@ class NPDGenerator(NATGeneratorBase):
         return cls(models, tgt_dict, npd_samples=getattr(args, "npd_samples", None),
                    teacher_path=getattr(args, "npd_teacher", None),
                    retain_history=getattr(args, "retain_iter_history", False),
-                   fertility_label=getattr(args, "fertility_source", None))
+                   fertility_label=getattr(args, "fertility_source", None),
+                   npd_rank=getattr(args, "npd_rank", None))
 
     def configure(self, task_cfg):
-        """Options from the task config (``--npd-samples``, ``--npd-teacher``) unless the generation
-        options already set them; loads the teacher when s > 1."""
+        """Options from the task config (``--npd-samples``, ``--npd-teacher``, ``--npd-rank``) unless the
+        generation options already set them; loads the teacher when s > 1."""
         if self.npd_samples is None:
             self.npd_samples = getattr(task_cfg, "npd_samples", 1)
+        if self.npd_rank is None:
+            self.npd_rank = getattr(task_cfg, "npd_rank", None)
+        self.rank  # checked before any decoding
         if self.teacher_path is None:
             self.teacher_path = getattr(task_cfg, "npd_teacher", None)
         self._check_label(getattr(task_cfg, "fertility_path", None))
@@ -211,6 +240,13 @@ class NPDGenerator(NATGeneratorBase):
         if s < 1:
             raise InputError(f"--npd-samples must be >= 1, got {s}")
         return s
+
+    @property
+    def rank(self):
+        r = "total" if self.npd_rank is None else str(self.npd_rank)
+        if r not in RANKS:
+            raise InputError(f"--npd-rank must be one of {', '.join(RANKS)}, got {r!r}")
+        return r
 
     def _check_label(self, fertility_path):
         from ..data.fertility import fertility_method
@@ -319,10 +355,11 @@ class NPDGenerator(NATGeneratorBase):
                 n = int(lengths[rows].max())
                 u_scores[idx] = teacher_scores(self.teacher, src_tokens, src_lengths, c["order"][rows],
                                                c["tokens"][rows, :n], lengths[rows], self.pad, self.eos,
-                                               encoder_out=enc)
+                                               encoder_out=enc, rank=self.rank)
             scores = u_scores[c["inverse"]]
-        else:
-            scores = c["lprobs"].sum(1) / lengths.clamp(min=1)
+        else:  # one candidate: the NAT's own log-probabilities (0 off a row's length)
+            keep = torch.arange(c["lprobs"].size(1), device=lengths.device).unsqueeze(0) < lengths.unsqueeze(1)
+            scores = reduce_log_probs(c["lprobs"], keep, self.rank)
         best = scores.view(B, s).argmax(1) + torch.arange(B, device=scores.device) * s
         finalized = []
         for b in range(B):

@@ -72,6 +72,12 @@ class NATTranslationConfig(TranslationConfig):
         metadata={"help": "autoregressive fairseq checkpoint that scores the noisy parallel decoding "
                           "candidates (one teacher-forced pass); needed when --npd-samples > 1"},
     )
+    npd_rank: str = field(
+        default="total",
+        metadata={"help": "nat_fertility decoding: how a candidate's score adds up its token "
+                          "log-probabilities, 'total' (the sum: the teacher's log p(y|x), as Gu et al. 2018 "
+                          "rank noisy parallel decoding candidates) or 'mean' (length-normalised)"},
+    )
     collapse_repeats: bool = field(
         default=False,
         metadata={"help": "remove consecutive repeated target tokens (BPE units) from every hypothesis, a "
