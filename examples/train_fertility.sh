@@ -8,9 +8,13 @@
 #
 # Fertility supervision: FERTILITY=aligner (default; eflomal) or attention (TEACHER's cross-attention),
 # written once by examples/fertility.sh into FERTILITY_DIR (default SAVE_DIR/fertility) from DATA_BIN's
-# own targets, for the train and valid splits only (decoding needs none).  REINFORCE_UPDATES=N (default 0): after the main training, N more updates in
-# SAVE_DIR/reinforce started from its checkpoint with --fertility-reinforce (REINFORCE_SAMPLES=4,
-# REINFORCE_LR=LR, REINFORCE_WARMUP=WARMUP); state that budget separately (it is not in MAX_UPDATE).
+# own targets, for the train and valid splits only (decoding needs none).  REINFORCE_UPDATES=N
+# (default 0): after the main training, N more updates in SAVE_DIR/reinforce started from its
+# checkpoint with --fertility-reinforce (REINFORCE_SAMPLES=4,
+# REINFORCE_LR=LR, REINFORCE_WARMUP=WARMUP; REINFORCE_REWARD=reference (default: minus the translation
+# loss against the reference) or teacher (the paper's: TEACHER's log-probability of the decoded
+# translation, baseline the argmax fertilities'; needs TEACHER)); state that budget separately (it
+# is not in MAX_UPDATE).
 # Environment overrides: those of examples/lib/train_nat.sh (LAYERS DIM FFN HEADS DROPOUT
 # LABEL_SMOOTHING LR WARMUP MAX_TOKENS MAX_UPDATE SEED THREADS SAVE_INTERVAL_UPDATES AVG INIT_FROM)
 # plus MAX_FERTILITY=50, FERT_LOSS=1.0 (--fertility-loss-factor), LENGTH_LOSS=0.1 (IMPL=fairseq).
@@ -25,6 +29,12 @@ IMPL="${IMPL:-ours}"
 FERTILITY="${FERTILITY:-aligner}"; FERTILITY_DIR="${FERTILITY_DIR:-$SAVE_DIR/fertility}"
 MAX_FERTILITY="${MAX_FERTILITY:-50}"; FERT_LOSS="${FERT_LOSS:-1.0}"
 REINFORCE_UPDATES="${REINFORCE_UPDATES:-0}"; REINFORCE_SAMPLES="${REINFORCE_SAMPLES:-4}"
+REINFORCE_REWARD="${REINFORCE_REWARD:-reference}"
+case "$REINFORCE_REWARD" in
+  reference) ;;
+  teacher) [[ "$REINFORCE_UPDATES" == 0 || -f "${TEACHER:-}" ]] || { echo "error: REINFORCE_REWARD=teacher needs TEACHER=teacher.pt (got '${TEACHER:-}')" >&2; exit 1; } ;;
+  *) echo "error: REINFORCE_REWARD must be reference or teacher, got '$REINFORCE_REWARD'" >&2; exit 1 ;;
+esac
 [[ "$REINFORCE_UPDATES" =~ ^[0-9]+$ ]] || { echo "error: REINFORCE_UPDATES must be an integer >= 0, got '$REINFORCE_UPDATES'" >&2; exit 1; }
 case "$IMPL" in
   ours)
@@ -48,7 +58,9 @@ if [[ "$REINFORCE_UPDATES" -gt 0 ]]; then
   if [[ "$AVG" -gt 0 ]]; then MAIN_CKPT="$SAVE_DIR/checkpoint_avg.pt"; else MAIN_CKPT="$SAVE_DIR/checkpoint_last.pt"; fi
   SAVE_DIR="$SAVE_DIR/reinforce"; MAX_UPDATE="$REINFORCE_UPDATES"; unset INIT_FROM
   LR="${REINFORCE_LR:-$LR}"; WARMUP="${REINFORCE_WARMUP:-$WARMUP}"
-  NAT_EXTRA+=(--fertility-reinforce --fertility-reinforce-samples "$REINFORCE_SAMPLES" --finetune-from-model "$MAIN_CKPT")
+  NAT_EXTRA+=(--fertility-reinforce --fertility-reinforce-samples "$REINFORCE_SAMPLES" --finetune-from-model "$MAIN_CKPT"
+             --fertility-reinforce-reward "$REINFORCE_REWARD")
+  [[ "$REINFORCE_REWARD" == teacher ]] && NAT_EXTRA+=(--fertility-teacher "$TEACHER")
   # shellcheck source=lib/train_nat.sh
   source "$SCRIPT_DIR/lib/train_nat.sh"
 fi

@@ -156,9 +156,12 @@ def test_nat_fertility_train_then_npd_generate(toy_databin, aligner_fert, teache
     run_cli(["fairseq-train", data, "--user-dir", PLUGIN_DIR, "--task", "nat_translation",
              "--arch", "nat_fertility_tiny", "--criterion", "nat_fertility_loss", "--fertility-path", aligner_fert,
              "--fertility-reinforce", "--fertility-reinforce-samples", "2", "--fertility-loss-factor", "0.5",
+             "--fertility-reinforce-reward", "teacher", "--fertility-teacher", teacher,
              "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "800", "--max-update", "3",
              "--save-dir", save, "--no-epoch-checkpoints", "--num-workers", "0", "--seed", "1",
              "--log-format", "simple", "--log-interval", "1"])
+    state = torch.load(os.path.join(save, "checkpoint_last.pt"), map_location="cpu", weights_only=False)
+    assert not any("teacher" in key for key in state["model"])  # the REINFORCE teacher is not saved
     assert not os.path.exists(ff.fertility_file(aligner_fert, "test"))  # decoding needs no test.fert
     proc = run_cli(["fairseq-generate", data, "--user-dir", PLUGIN_DIR, "--task", "nat_translation",
                     "--path", os.path.join(save, "checkpoint_last.pt"), "--gen-subset", "test",

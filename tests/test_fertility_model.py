@@ -222,3 +222,130 @@ def test_missing_or_wrong_fertilities_are_one_line_errors(built, toy_databin, tm
         task2.load_dataset("train")
     task2.load_dataset("valid")  # other splits load without fertilities
     assert "fertility" not in task2.dataset("valid").collater([task2.dataset("valid")[0]])
+
+
+def test_reinforce_objective_against_a_plain_loop():
+    """-mean over samples and sentences of advantage x the summed log-probability of the sampled
+    fertilities at the allowed positions."""
+    from fairseq_nat_ext.models.nat.nat_fertility import reinforce_objective
+
+    torch.manual_seed(0)
+    k, B, S, K = 3, 2, 4, 5
+    lp = torch.log_softmax(torch.randn(B, S, K), -1)
+    allowed = torch.tensor([[True, True, True, False], [False, True, True, False]])
+    samples = torch.randint(0, K, (k, B, S))
+    adv = torch.randn(k, B)
+    expected = 0.0
+    for i in range(k):
+        for b in range(B):
+            logp = sum(float(lp[b, s, samples[i, b, s]]) for s in range(S) if allowed[b, s])
+            expected += -float(adv[i, b]) * logp
+    assert abs(float(reinforce_objective(lp, samples, allowed, adv)) - expected / (k * B)) < 1e-5
+
+
+@pytest.fixture(scope="module")
+def teacher_model(toy_databin):
+    from test_fertility_npd import _tiny_transformer
+
+    return _tiny_transformer(toy_databin[0], seed=2)
+
+
+def test_teacher_reward_is_the_teachers_total_log_prob_of_the_decoded_translation(built, teacher_model):
+    """teacher_rewards against a row-by-row computation: decode each fertility sequence alone (argmax
+    token per position, special symbols excluded), then sum the teacher's log-probabilities of its
+    tokens and </s> by the chain rule (one plain teacher call per position)."""
+    from test_fertility_npd import _plain_teacher_log_prob
+
+    task, model, _ = built
+    d = task.target_dictionary
+    model.train()  # the reward decodes with dropout off whatever the mode; the mode is restored
+    batch = _batch(task, model, n=4)
+    src, src_len = batch["net_input"]["src_tokens"], batch["net_input"]["src_lengths"]
+    with torch.no_grad():
+        enc = model.encoder(src, src_lengths=src_len)
+    ref = batch["fertility"]
+    longer = ref.clone()
+    longer[ref.gt(0)] += 1
+    empty = torch.zeros_like(ref)  # no output token: the teacher scores </s> alone
+    fert = torch.cat([ref, longer, empty])
+    order = torch.arange(src.size(0)).repeat(3)
+    r = model.teacher_rewards(enc, src, src_len, fert, order, teacher=teacher_model)
+    assert model.decoder.training
+    model.eval()
+    banned = [d.pad(), d.bos(), d.eos(), d.index("<mask>")]
+    for n in range(fert.size(0)):
+        b = int(order[n])
+        s = src[b][src[b].ne(d.pad())]
+        with torch.no_grad():
+            e = model.encoder(s.unsqueeze(0), src_lengths=torch.tensor([s.numel()]))
+            if int(fert[n].sum()) == 0:
+                y = []
+            else:
+                logits = model.decoder(e, fertility=fert[n][src[b].ne(d.pad())].unsqueeze(0))[0]
+                logits[:, banned] = float("-inf")
+                y = logits.argmax(-1).tolist()
+        expected = _plain_teacher_log_prob(teacher_model, s, y + [d.eos()], d.eos())
+        assert abs(float(r[n]) - expected) < 1e-3, n
+
+
+def test_teacher_reinforce_uses_the_argmax_fertilities_as_baseline(built, teacher_model, monkeypatch):
+    """With --fertility-reinforce-reward teacher the loss is -mean_kb (r(f_kb) - r(argmax_b)) log p(f_kb):
+    the rewarded rows are the k samples then the argmax fertilities of every sentence (recorded from the
+    reward call), and the loss matches a plain loop over them."""
+    task, model, args = built
+    d = task.target_dictionary
+    model.train()
+    batch = _batch(task, model, n=4)
+    seen = {}
+
+    def fake_rewards(encoder_out, src_tokens, src_lengths, fert, order, teacher=None):
+        seen["fert"], seen["order"] = fert.clone(), order.clone()
+        return fert.float().pow(2).sum(1) * 0.1 - fert.float().sum(1)  # any function of the fertilities
+
+    monkeypatch.setattr(model, "teacher_rewards", fake_rewards)
+    monkeypatch.setattr(model.args, "fertility_reinforce_reward", "teacher")
+    inputs = task.build_criterion(args).model_inputs(batch)
+    torch.manual_seed(4)
+    out = model(**inputs)
+    loss = float(out["fertility_reinforce"]["loss"])
+    k, B = 3, batch["net_input"]["src_tokens"].size(0)
+    fert, order = seen["fert"], seen["order"]
+    assert fert.size(0) == (k + 1) * B and order.tolist() == list(range(B)) * (k + 1)
+    src = batch["net_input"]["src_tokens"]
+    allowed = src.ne(d.pad()) & src.ne(d.eos())
+    with torch.no_grad():
+        lp = model.decoder.forward_fertility(model.encoder(src, src_lengths=batch["net_input"]["src_lengths"]),
+                                             normalize=True)
+    assert torch.equal(fert[k * B:], lp.argmax(-1).masked_fill(~allowed, 0))  # the baseline rows
+    reward = fake_rewards(None, None, None, fert, order)
+    expected = 0.0
+    for i in range(k):
+        for b in range(B):
+            f = fert[i * B + b]
+            logp = sum(float(lp[b, s, f[s]]) for s in range(src.size(1)) if allowed[b, s])
+            expected += -(float(reward[i * B + b]) - float(reward[k * B + b])) * logp
+    assert abs(loss - expected / (k * B)) < 1e-3 * max(1.0, abs(loss))
+
+
+def test_teacher_reward_needs_a_teacher_and_is_not_part_of_the_model(built, toy_databin, tmp_path, monkeypatch):
+    from test_fertility_e2e import save_tiny_teacher
+
+    task, model, args = built
+    batch = _batch(task, model, n=2)
+    inputs = task.build_criterion(args).model_inputs(batch)
+    model.train()
+    monkeypatch.setattr(model.args, "fertility_reinforce_reward", "teacher")
+    monkeypatch.setattr(model.args, "fertility_teacher", None, raising=False)
+    with pytest.raises(InputError, match="needs --fertility-teacher"):
+        model(**inputs)
+    monkeypatch.setattr(model.args, "fertility_reinforce_reward", "bleu")
+    with pytest.raises(InputError, match="must be one of reference, teacher"):
+        model(**inputs)
+    monkeypatch.setattr(model.args, "fertility_reinforce_reward", "teacher")
+    monkeypatch.setattr(model.args, "fertility_teacher", save_tiny_teacher(toy_databin[0], str(tmp_path / "t.pt")))
+    keys = set(model.state_dict())
+    out = model(**inputs)
+    assert torch.isfinite(out["fertility_reinforce"]["loss"])
+    assert set(model.state_dict()) == keys  # the teacher is neither saved nor trained
+    assert all(not p.requires_grad for p in model.__dict__["_fertility_teacher"].parameters())
+    model.__dict__.pop("_fertility_teacher")

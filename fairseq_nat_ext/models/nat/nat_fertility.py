@@ -15,16 +15,34 @@
 * Loss: token cross-entropy on the copied positions plus the fertility classifier's cross-entropy
   (targets above F are clamped to F for the classifier; the copy uses the real values).
 * ``--fertility-reinforce`` (fine-tuning, after the main training): also a REINFORCE loss on the
-  fertility classifier.  k = ``--fertility-reinforce-samples`` fertility sequences per sentence are
-  sampled from the classifier, decoded in one pass (no gradient), and rewarded with minus the
-  translation loss of the output against the reference: the mean over max(output, reference length)
-  positions of -log p(reference token) where both have a token, and log V (a uniform guess) for each
-  position only one of them has.  Baseline: the mean reward of the sentence's k samples.
+  fertility classifier, -mean_{k,b} (r_kb - baseline_b) log p_F(f_kb | x_b) (:func:`reinforce_objective`).
+  k = ``--fertility-reinforce-samples`` fertility sequences per sentence are sampled from the
+  classifier and decoded in one pass (no gradient); ``--fertility-reinforce-reward`` says what
+  rewards them:
+
+  - ``teacher`` (Gu et al. 2018's fine-tuning signal; needs ``--fertility-teacher AT.pt``, a fairseq
+    autoregressive checkpoint sharing the target dictionary): r = the teacher's total
+    log-probability log p_AR(y^ | x) of the translation y^ decoded (argmax tokens, dropout off) from
+    the sampled fertilities, ``</s>`` included, in one teacher-forced pass (the NPD scorer,
+    ``generators/nat_fertility.teacher_scores``); baseline = the same reward of the sentence's argmax
+    fertilities (the paper's f-bar).  The teacher is loaded once, on the first REINFORCE batch, is
+    not part of the model (neither trained nor saved in its checkpoints), and follows the model's
+    device and dtype.  The paper's reward is the reverse-KL term sum_t sum_y p_NA(y_t) log p_AR(y_t |
+    y^_<t, x), the expectation of this one under the NAT's token distribution; here each position
+    takes the NAT's argmax token (exact for a peaked NAT).  The paper's other fine-tuning terms (the
+    word-level reverse-KL loss of the decoder, the external-fertility term, the lambda mix with
+    distillation) are not implemented.
+  - ``reference`` (default; this model's REINFORCE stage before the option existed): r = minus the
+    translation loss of the output against the reference: the mean over max(output, reference
+    length) positions of -log p(reference token) where both have a token, and log V (a uniform
+    guess) for each position only one of them has.  Baseline: the mean reward of the sentence's k
+    samples.  No teacher; the reference's own tokens score the decoder (teacher-forced by position).
 
 Target convention (as Mask-Predict): the decoder produces the target content, ``</s>`` is appended to
 hypotheses.
 """
 import math
+import os
 
 import torch
 import torch.nn as nn
@@ -235,6 +253,20 @@ class FertilityDecoder(FairseqNATDecoder):
         return h
 
 
+#: ``--fertility-reinforce-reward`` values
+REINFORCE_REWARDS = ("reference", "teacher")
+
+
+def reinforce_objective(fert_lprobs, samples, allowed, advantage):
+    """The REINFORCE loss of the fertility classifier: fert_lprobs (B, S, F+1) log-probs, samples long
+    (k, B, S) sampled fertilities, allowed bool (B, S) the positions they are drawn at, advantage (k, B)
+    (reward minus baseline, no gradient) -> -mean_{k,b} advantage_kb * sum_{s allowed} log p(f_kbs)."""
+    k = samples.size(0)
+    logp = fert_lprobs.unsqueeze(0).expand(k, -1, -1, -1).gather(-1, samples.unsqueeze(-1)).squeeze(-1)
+    logp = (logp * allowed.unsqueeze(0)).sum(-1)  # (k, B)
+    return -(advantage * logp).mean()
+
+
 def source_fertility_mask(src_tokens, pad, eos):
     """bool (B, S): the source positions that may have a fertility above 0 (not padding, not </s>)."""
     return src_tokens.ne(pad) & src_tokens.ne(eos)
@@ -264,11 +296,21 @@ class FertilityNATModel(PluginNATModel):
         parser.add_argument("--max-fertility", type=int,
                             help="largest fertility the classifier predicts (classes 0..F), default 50")
         parser.add_argument("--fertility-reinforce", action="store_true",
-                            help="fine-tuning: add a REINFORCE loss on the fertility classifier, "
-                                 "rewarded by minus the translation loss of sampled fertilities")
+                            help="fine-tuning: add a REINFORCE loss on the fertility classifier "
+                                 "(reward: --fertility-reinforce-reward)")
         parser.add_argument("--fertility-reinforce-samples", type=int,
-                            help="fertility samples per sentence for --fertility-reinforce (>= 2; "
-                                 "their mean reward is the baseline), default 4")
+                            help="fertility samples per sentence for --fertility-reinforce (>= 2 for the "
+                                 "reference reward, whose baseline is their mean; >= 1 for the teacher "
+                                 "reward, whose baseline is the argmax fertilities'), default 4")
+        parser.add_argument("--fertility-reinforce-reward", choices=REINFORCE_REWARDS,
+                            help="what rewards a sampled fertility sequence: 'teacher' (Gu et al. 2018: "
+                                 "the --fertility-teacher's log-probability of the translation decoded "
+                                 "from it, baseline the argmax fertilities') or 'reference' (minus the "
+                                 "decoder's translation loss against the reference, baseline the mean of "
+                                 "the samples), default reference")
+        parser.add_argument("--fertility-teacher", metavar="AT.pt",
+                            help="the autoregressive teacher checkpoint of --fertility-reinforce-reward "
+                                 "teacher (shares the target dictionary; not trained, not saved)")
 
     def inject_noise(self, target):
         """The decoder reads copied source embeddings, not the target: the content target stands in
@@ -300,26 +342,97 @@ class FertilityNATModel(PluginNATModel):
                           "mask": allowed, "ls": 0.0, "factor": 1.0},
         }
         if self.training and getattr(self.args, "fertility_reinforce", False):
-            out["fertility_reinforce"] = self.reinforce_loss(encoder_out, fert_logits, allowed, tgt)
+            out["fertility_reinforce"] = self.reinforce_loss(encoder_out, fert_logits, allowed, tgt,
+                                                             src_tokens=src_tokens, src_lengths=src_lengths)
         return out
 
-    def reinforce_loss(self, encoder_out, fert_logits, allowed, tgt):
+    @property
+    def reinforce_reward(self):
+        r = getattr(self.args, "fertility_reinforce_reward", None) or "reference"
+        if r not in REINFORCE_REWARDS:
+            raise InputError(f"nat_fertility: --fertility-reinforce-reward must be one of "
+                             f"{', '.join(REINFORCE_REWARDS)}, got {r!r}")
+        return r
+
+    def reinforce_loss(self, encoder_out, fert_logits, allowed, tgt, src_tokens=None, src_lengths=None):
         """REINFORCE on the fertility classifier (module doc) -> {"loss", "nll_loss", "factor"}."""
+        reward_kind = self.reinforce_reward
         k = int(getattr(self.args, "fertility_reinforce_samples", 4) or 4)
-        if k < 2:
-            raise InputError(f"nat_fertility: --fertility-reinforce-samples must be >= 2, got {k}")
+        if k < (1 if reward_kind == "teacher" else 2):
+            raise InputError(f"nat_fertility: --fertility-reinforce-samples must be >= "
+                             f"{1 if reward_kind == 'teacher' else 2} with the {reward_kind} reward, got {k}")
         B, S, _ = fert_logits.shape
         lp = F.log_softmax(fert_logits.float(), -1)
         with torch.no_grad():
             samples = torch.multinomial(lp.exp().view(B * S, -1), k, replacement=True)
             samples = samples.view(B, S, k).permute(2, 0, 1).masked_fill(~allowed, 0)  # (k, B, S)
-            reward = self._sample_rewards(encoder_out, samples.reshape(k * B, S), tgt.repeat(k, 1), k)
-            reward = reward.view(k, B)
-            advantage = reward - reward.mean(0, keepdim=True)
-        logp = lp.unsqueeze(0).expand(k, -1, -1, -1).gather(-1, samples.unsqueeze(-1)).squeeze(-1)
-        logp = (logp * allowed.unsqueeze(0)).sum(-1)  # (k, B)
-        loss = -(advantage * logp).mean()
+            if reward_kind == "teacher":
+                argmax = lp.argmax(-1).masked_fill(~allowed, 0).unsqueeze(0)  # (1, B, S)
+                both = torch.cat([samples, argmax]).reshape((k + 1) * B, S)
+                order = torch.arange(B, device=both.device).repeat(k + 1)
+                reward = self.teacher_rewards(encoder_out, src_tokens, src_lengths, both, order).view(k + 1, B)
+                advantage = reward[:k] - reward[k:]  # baseline: the argmax fertilities' reward
+            else:
+                reward = self._sample_rewards(encoder_out, samples.reshape(k * B, S), tgt.repeat(k, 1), k)
+                reward = reward.view(k, B)
+                advantage = reward - reward.mean(0, keepdim=True)
+        loss = reinforce_objective(lp, samples, allowed, advantage)
         return {"loss": loss, "nll_loss": loss.detach() * 0.0, "factor": 1.0}
+
+    def fertility_teacher(self, like):
+        """The ``--fertility-teacher`` model (loaded once per process by the NPD generator's cached loader;
+        kept outside the module tree so it is neither trained nor saved), on ``like``'s device and dtype."""
+        teacher = self.__dict__.get("_fertility_teacher")
+        if teacher is None:
+            path = getattr(self.args, "fertility_teacher", None)
+            if not path:
+                raise InputError("nat_fertility: --fertility-reinforce-reward teacher needs --fertility-teacher "
+                                 "AT.pt (an autoregressive checkpoint sharing the target dictionary)")
+            from ...generators.nat_fertility import load_teacher
+
+            data = getattr(self.args, "data", None)
+            data_dir = str(data).split(os.pathsep)[0] if data else None
+            teacher = load_teacher(path, data_dir, self.decoder.dictionary)
+            self.__dict__["_fertility_teacher"] = teacher  # not a submodule
+        p = next(teacher.parameters(), None)
+        if p is not None and (p.device != like.device or p.dtype != like.dtype):
+            teacher.to(device=like.device, dtype=like.dtype)
+        return teacher.eval()
+
+    @torch.no_grad()
+    def teacher_rewards(self, encoder_out, src_tokens, src_lengths, fert, order, teacher=None):
+        """fert (N, S) fertility sequences of the sources ``order`` (N,) -> (N,) the teacher's total
+        log-probability of the translation decoded from each (argmax tokens, dropout off, special
+        symbols and symbols outside the teacher's dictionary excluded; ``</s>`` scored)."""
+        from ...generators.nat_fertility import teacher_scores
+
+        if src_tokens is None:
+            raise InputError("nat_fertility: the teacher reward needs the source tokens")
+        teacher = teacher if teacher is not None else self.fertility_teacher(encoder_out["encoder_out"][0])
+        d = self.decoder.dictionary
+        V = teacher.decoder.output_projection.out_features if getattr(teacher.decoder, "output_projection", None) \
+            is not None else len(teacher.decoder.dictionary)
+        max_len = self.decoder.embed_positions.max_positions
+        if hasattr(teacher, "max_decoder_positions"):
+            max_len = min(max_len, teacher.max_decoder_positions() - 1)
+        enc = self.encoder.reorder_encoder_out(encoder_out, order)
+        was_training = self.decoder.training
+        self.decoder.eval()
+        try:
+            copied = self.decoder.copy_source(enc, fert, max_len=max_len)
+            lengths = copied[1].sum(1)
+            if copied[0].size(1) == 0:
+                tokens = fert.new_full((fert.size(0), 0), d.pad())
+            else:
+                logits = self.decoder(enc, copied=copied).float()
+                banned = torch.zeros(logits.size(-1), dtype=torch.bool, device=logits.device)
+                banned[V:] = True
+                banned[[d.pad(), d.bos(), d.eos(), self.decoder.mask_idx]] = True
+                tokens = logits.masked_fill(banned, float("-inf")).argmax(-1).masked_fill(~copied[1], d.pad())
+        finally:
+            self.decoder.train(was_training)
+        return teacher_scores(teacher, src_tokens, src_lengths, order, tokens, lengths, d.pad(), d.eos(),
+                              rank="total").float()
 
     def _sample_rewards(self, encoder_out, fert, tgt, k):
         """fert (k*B, S) sampled fertilities, tgt (k*B, T*) -> reward (k*B,) = -translation loss."""
@@ -351,7 +464,8 @@ def nat_fertility_base(args):
         encoder_embed_dim=512, encoder_ffn_embed_dim=2048, encoder_layers=6,
         encoder_attention_heads=8, decoder_layers=6, decoder_attention_heads=8,
         dropout=0.3, share_all_embeddings=True, max_fertility=50, fertility_reinforce=False,
-        fertility_reinforce_samples=4, apply_bert_init=False,
+        fertility_reinforce_samples=4, fertility_reinforce_reward="reference", fertility_teacher=None,
+        apply_bert_init=False,
         max_source_positions=256, max_target_positions=256,
     )
     args.decoder_embed_dim = getattr(args, "decoder_embed_dim", args.encoder_embed_dim)
