@@ -23,15 +23,11 @@ pre-norm, any activation, learned or sinusoidal positions); layers with fairseq'
 not, and callers then keep the decoder's own forward.  Autograd is never needed here: this is for
 decoding only (training keeps fairseq's forward, whose dropout this path does not apply).
 """
-import weakref
-
 import torch
 import torch.nn.functional as F
 
 from . import cpu_linear, packed
-
-#: attention module -> (version key, fused q/k/v weight, fused bias)
-_QKV_CACHE = weakref.WeakKeyDictionary()
+from .attention.mix import stacked_qkv
 
 
 def _attn_supported(attn):
@@ -52,22 +48,6 @@ def supported(decoder):
                 or not _attn_supported(layer.encoder_attn)):
             return False
     return True
-
-
-def _fused_qkv(attn):
-    """One (3C, C) weight (and bias) for self-attention's q, k and v projections, rebuilt when a
-    parameter changed (in-place updates bump the tensor's version)."""
-    params = [attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]
-    biases = [attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]
-    key = tuple((p.data_ptr(), p._version) for p in params + [b for b in biases if b is not None])
-    hit = _QKV_CACHE.get(attn)
-    if hit is None or hit[0] != key:
-        with torch.no_grad():
-            w = torch.cat(params, 0)
-            b = torch.cat(biases, 0) if all(b is not None for b in biases) else None
-        hit = (key, w, b)
-        _QKV_CACHE[attn] = hit
-    return hit[1], hit[2]
 
 
 def _heads(x, H):
@@ -121,8 +101,7 @@ def self_attention(layer, x, keep):
     bool False at padded keys, or None."""
     sa = layer.self_attn
     h = layer.self_attn_layer_norm(x) if layer.normalize_before else x
-    w, b = _fused_qkv(sa)
-    q, k, v = cpu_linear.linear(h, w, b).chunk(3, dim=-1)
+    q, k, v = stacked_qkv(sa, h).chunk(3, dim=-1)
     H = sa.num_heads
     h = F.scaled_dot_product_attention(_heads(q, H), _heads(k, H), _heads(v, H), attn_mask=keep)
     x = x + cpu_linear.module(sa.out_proj, _merge(h))

@@ -24,6 +24,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from . import cpu_linear
 from .attention.mix import stacked_qkv
 
 Tensor = torch.Tensor
@@ -79,26 +80,26 @@ def self_attention(mha, x: Tensor, rows: Rows, mask: Optional[Tensor] = None, ca
     q, k, v = rows.unpack(qkv).view(N, T, 3, H, -1).permute(2, 0, 3, 1, 4).unbind(0)  # each (N, H, T, d)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=attention_dropout(mha),
                                          is_causal=causal and mask is None)
-    return mha.out_proj(_merge(out, rows))
+    return cpu_linear.module(mha.out_proj, _merge(out, rows))
 
 
 def positional_attention(mha, positions: Tensor, x: Tensor, rows: Rows, key_ok: Tensor) -> Tensor:
     """Queries and keys from ``positions`` (T, C), the same for every row (projected once), values from the
     packed rows x (M, C); ``key_ok`` (N, T) bool -> (M, C)."""
     H = mha.num_heads
-    q = _heads(mha.q_proj(positions).unsqueeze(0), H).expand(rows.N, -1, -1, -1)
-    k = _heads(mha.k_proj(positions).unsqueeze(0), H).expand(rows.N, -1, -1, -1)
-    v = _heads(rows.unpack(mha.v_proj(x)), H)
+    q = _heads(cpu_linear.module(mha.q_proj, positions).unsqueeze(0), H).expand(rows.N, -1, -1, -1)
+    k = _heads(cpu_linear.module(mha.k_proj, positions).unsqueeze(0), H).expand(rows.N, -1, -1, -1)
+    v = _heads(rows.unpack(cpu_linear.module(mha.v_proj, x)), H)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=key_ok[:, None, None, :])
-    return mha.out_proj(_merge(out, rows))
+    return cpu_linear.module(mha.out_proj, _merge(out, rows))
 
 
 def encoder_kv(mha, enc: Tensor):
     """The keys and values (Bk, H, S, d) that ``mha`` reads from the encoder output ``enc`` (S, Bk, C)."""
     H = mha.num_heads
     S, Bk, _ = enc.shape
-    k = mha.k_proj(enc).permute(1, 0, 2).reshape(Bk, S, H, -1).transpose(1, 2)
-    v = mha.v_proj(enc).permute(1, 0, 2).reshape(Bk, S, H, -1).transpose(1, 2)
+    k = cpu_linear.module(mha.k_proj, enc).permute(1, 0, 2).reshape(Bk, S, H, -1).transpose(1, 2)
+    v = cpu_linear.module(mha.v_proj, enc).permute(1, 0, 2).reshape(Bk, S, H, -1).transpose(1, 2)
     return k, v
 
 
@@ -125,15 +126,16 @@ def cross_attention(mha, x: Tensor, rows: Rows, enc: Tensor, enc_pad: Optional[T
     k, v = encoder_kv(mha, enc) if kv is None else kv  # (Bk, H, S, d)
     Bk = k.size(0)
     ok = None if enc_pad is None else ~enc_pad.bool()[:, None, None, :]
-    q = mha.q_proj(x)
+    q = cpu_linear.module(mha.q_proj, x)
     p = attention_dropout(mha)
     if Bk == 1:
         out = F.scaled_dot_product_attention(_heads(q.unsqueeze(0), H), k, v, attn_mask=ok, dropout_p=p)
-        return mha.out_proj(out.transpose(1, 2).reshape(q.shape))  # (1, H, M, d) -> (M, C)
+        # (1, H, M, d) -> (M, C)
+        return cpu_linear.module(mha.out_proj, out.transpose(1, 2).reshape(q.shape))
     if Bk != rows.N:
         raise ValueError(f"cross_attention: {Bk} encoder rows for {rows.N} decoder rows")
     out = F.scaled_dot_product_attention(_heads(rows.unpack(q), H), k, v, attn_mask=ok, dropout_p=p)
-    return mha.out_proj(_merge(out, rows))
+    return cpu_linear.module(mha.out_proj, _merge(out, rows))
 
 
 def block(layer, x: Tensor, norm, fn) -> Tensor:
@@ -145,7 +147,8 @@ def block(layer, x: Tensor, norm, fn) -> Tensor:
 
 
 def feed_forward(layer, x: Tensor) -> Tensor:
-    return layer.fc2(layer.activation_dropout_module(layer.activation_fn(layer.fc1(x))))
+    h = layer.activation_dropout_module(layer.activation_fn(cpu_linear.module(layer.fc1, x)))
+    return cpu_linear.module(layer.fc2, h)
 
 
 def supports_decoder(decoder) -> bool:

@@ -10,6 +10,7 @@ out_proj), so it drops into fairseq's ``TransformerEncoderLayer``.  It
 3. projects back and restores fairseq's layout (padding positions output zeros).
 """
 
+import weakref
 from typing import List, Optional, Tuple
 
 import torch
@@ -17,17 +18,39 @@ import torch.nn as nn
 
 from fairseq_nat_ext.compat import InputError
 
+from .. import cpu_linear
 from .registry import AttentionOptions, build_attention
+
+
+#: attention module -> (version key, stacked q/k/v weight, stacked bias), for decoding (no autograd)
+_STACKED = weakref.WeakKeyDictionary()
+
+
+def stacked_qkv_weight(module):
+    """``module``'s q_proj, k_proj and v_proj weights (and biases, or None) stacked into one (3C, C)
+    weight.  With autograd on, concatenated on every call (the gradient reaches the three weights);
+    without, cached per module and rebuilt when a parameter changed (in-place updates bump the
+    tensor's version), so decoding does not copy the weights at every call."""
+    lins = (module.q_proj, module.k_proj, module.v_proj)
+    params = [lin.weight for lin in lins] + [lin.bias for lin in lins if lin.bias is not None]
+    has_bias = module.q_proj.bias is not None
+    if torch.is_grad_enabled():
+        return (torch.cat([lin.weight for lin in lins]),
+                torch.cat([lin.bias for lin in lins]) if has_bias else None)
+    key = tuple((p.data_ptr(), p._version) for p in params)
+    hit = _STACKED.get(module)
+    if hit is None or hit[0] != key:
+        hit = (key, torch.cat([lin.weight for lin in lins]),
+               torch.cat([lin.bias for lin in lins]) if has_bias else None)
+        _STACKED[module] = hit
+    return hit[1], hit[2]
 
 
 def stacked_qkv(module, x: torch.Tensor) -> torch.Tensor:
     """(..., C) -> (..., 3C): ``module``'s q_proj, k_proj and v_proj (ours or fairseq's MultiheadAttention)
     as ONE product with the three weights stacked (self-attention reads one input; one (C, 3C) GEMM forward
-    and backward is faster than three)."""
-    lins = (module.q_proj, module.k_proj, module.v_proj)
-    weight = torch.cat([lin.weight for lin in lins])
-    bias = torch.cat([lin.bias for lin in lins]) if module.q_proj.bias is not None else None
-    return torch.nn.functional.linear(x, weight, bias)
+    and backward is faster than three); at inference on CPU through :mod:`..cpu_linear`."""
+    return cpu_linear.linear(x, *stacked_qkv_weight(module))
 
 
 class EfficientSelfAttention(nn.Module):
