@@ -165,7 +165,7 @@ def test_nat_fertility_train_then_npd_generate(toy_databin, aligner_fert, teache
     assert not os.path.exists(ff.fertility_file(aligner_fert, "test"))  # decoding needs no test.fert
     proc = run_cli(["fairseq-generate", data, "--user-dir", PLUGIN_DIR, "--task", "nat_translation",
                     "--path", os.path.join(save, "checkpoint_last.pt"), "--gen-subset", "test",
-                    "--batch-size", "16", "--npd-samples", "3", "--npd-teacher", teacher,
+                    "--batch-size", "16", "--npd-samples", "3", "--npd-teacher", teacher, "--npd-rank", "total",
                     "--retain-iter-history"])
     hyps = {int(m.group(1)) for m in re.finditer(r"^H-(\d+)\t", proc.stdout, re.M)}
     assert hyps == set(range(40))
