@@ -4,11 +4,12 @@
 #
 #   examples/train_insertion.sh DATA_BIN SAVE_DIR [extra fairseq-train args...]
 #   LOSS=uniform examples/train_insertion.sh DATA_BIN SAVE_DIR
+#   SOFTMAX=joint examples/train_insertion.sh DATA_BIN SAVE_DIR   # Stern et al.'s joint p(content, slot)
 #   IMPL=fairseq examples/train_insertion.sh DATA_BIN SAVE_DIR
 #
 # Environment overrides: those of examples/lib/train_nat.sh (LAYERS DIM FFN HEADS DROPOUT
 # LABEL_SMOOTHING LR WARMUP MAX_TOKENS MAX_UPDATE SEED THREADS SAVE_INTERVAL_UPDATES AVG INIT_FROM)
-# plus LOSS=binary_tree|uniform and TAU=1.0 (ours).  Resumes from SAVE_DIR/checkpoint_last.pt.
+# plus LOSS=binary_tree|uniform, TAU=1.0 and SOFTMAX=slot|joint (ours).  Resumes from SAVE_DIR/checkpoint_last.pt.
 set -euo pipefail
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 if [[ $# -lt 2 ]]; then sed -n '2,${/^#/!q;p;}' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; fi
@@ -17,7 +18,8 @@ EXTRA=("$@")
 IMPL="${IMPL:-ours}"
 case "$IMPL" in
   ours)    SYS=(--task nat_translation --arch insertion --criterion insertion_loss
-                --insertion-loss "${LOSS:-binary_tree}" --insertion-tau "${TAU:-1.0}") ;;
+                --insertion-loss "${LOSS:-binary_tree}" --insertion-tau "${TAU:-1.0}"
+                --insertion-softmax "${SOFTMAX:-slot}") ;;
   fairseq) SYS=(--task translation_lev --noise random_delete --arch insertion_transformer --criterion nat_loss) ;;
   *) echo "error: IMPL must be 'ours' or 'fairseq', got '$IMPL'" >&2; exit 1 ;;
 esac

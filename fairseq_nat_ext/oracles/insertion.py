@@ -13,7 +13,9 @@ tokens around it.  Every missing target position p gets
 
 Slots whose span is empty get the end-of-slot label: ``slot_done[b, s]`` (only slots 0..K exist;
 ``slot_valid`` marks them).  The loss of a model with slot-token log-probabilities logp[b, s, v] is
--sum_p weight[b, p] * logp[b, slot[b, p], tgt[b, p]] - sum_s slot_done[b, s] * logp_end[b, s].
+-sum_p weight[b, p] * logp[b, slot[b, p], tgt[b, p]] - sum_s slot_done[b, s] * logp_end[b, s]
+(each slot's weights sum to 1), whether logp is normalised per slot, log p(v | s), or jointly over
+the row's (slot, token) pairs, log p(v, s) (Stern et al.; ``--insertion-softmax``).
 """
 
 from typing import NamedTuple, Optional
