@@ -213,7 +213,8 @@ def test_joint_loss_gradients_are_finite(model_task, joint):
     torch.manual_seed(3)
     canvas = model.inject_noise(s["target"])
     model.zero_grad()
-    model(s["net_input"]["src_tokens"], s["net_input"]["src_lengths"], canvas, s["target"])["insertion"]["loss"].backward()
+    src, lens = s["net_input"]["src_tokens"], s["net_input"]["src_lengths"]
+    model(src, lens, canvas, s["target"])["insertion"]["loss"].backward()
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     assert grads and all(bool(torch.isfinite(g).all()) for g in grads)
     model.zero_grad()
