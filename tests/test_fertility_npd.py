@@ -367,6 +367,15 @@ def test_one_source_groups_share_cross_attention_and_match_fairseqs_forwards(mod
     key_batches = []
     cross = [layer.encoder_attn.k_proj for d in (model.decoder, teacher.decoder) for layer in d.layers]
     hooks = [lin.register_forward_pre_hook(lambda mod, inp: key_batches.append(inp[0].size(1))) for lin in cross]
+    # the packed passes call the projections' weights through modules/cpu_linear, not the modules
+    linear_module = fertility_gen.packed.cpu_linear.module
+
+    def recorded(lin, x):
+        if any(lin is c for c in cross):
+            key_batches.append(x.size(1))  # encoder states (S, batch, C)
+        return linear_module(lin, x)
+
+    monkeypatch.setattr(fertility_gen.packed.cpu_linear, "module", recorded)
     ds = task.dataset("test")
     results = []
     try:
