@@ -210,7 +210,7 @@ def test_batched_decoding_matches_a_sentence_by_sentence_reference(built):
     d = task.target_dictionary
     forbidden = [d.pad(), d.bos(), d.eos(), model.mask_idx]
     src, src_len = sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"]
-    with torch.no_grad():
+    with torch.enable_grad():  # the decoder's own layer loop, not the decoding forward the generator uses
         for b in range(src.size(0)):
             row = src[b][src[b].ne(d.pad())].unsqueeze(0)
             enc = model.encoder(row, src_lengths=src_len[b:b + 1])
@@ -218,7 +218,7 @@ def test_batched_decoding_matches_a_sentence_by_sentence_reference(built):
             n = max(1, min(n, model.decoder.max_positions() - 2))
             y, steps, first = torch.full((1, n), model.mask_idx), 0, True
             while steps < 5:
-                lp = model.decoder(y, enc, normalize=True, copy_source=first)
+                lp = model.decoder(y, enc, normalize=True, copy_source=first).detach()
                 lp[..., forbidden] = float("-inf")
                 new = lp.argmax(-1)
                 steps += 1
@@ -228,3 +228,25 @@ def test_batched_decoding_matches_a_sentence_by_sentence_reference(built):
                     break
             assert hyps[b][0]["tokens"].tolist() == y[0].tolist() + [d.eos()], b
             assert hyps[b][0]["steps"] == steps
+
+
+@pytest.mark.parametrize("adaptive", [True, False])
+def test_cached_single_model_path_equals_the_ensemble_path(built, adaptive):
+    """One model decodes through cached keys/values and best_vocab_tokens; an ensemble of the model
+    with itself through the per-row encoder output and full log-probs: the same hypotheses, length
+    beam and early stopping included."""
+    task, model, _ = built
+    from fairseq_nat_ext.generators.iterative_refinement import RefinementGenerator
+
+    model.eval()
+    task.load_dataset("test")
+    ds = task.dataset("test")
+    sample = ds.collater([ds[i] for i in range(10)])
+    one = RefinementGenerator([model], task.target_dictionary, max_iter=4, length_beam=3,
+                              adaptive=adaptive).generate([model], sample)
+    two = RefinementGenerator([model, model], task.target_dictionary, max_iter=4, length_beam=3,
+                              adaptive=adaptive).generate([model, model], sample)
+    for a, b in zip(one, two):
+        assert a[0]["tokens"].tolist() == b[0]["tokens"].tolist()
+        assert a[0]["steps"] == b[0]["steps"]
+        assert torch.allclose(a[0]["positional_scores"], b[0]["positional_scores"], atol=1e-4)

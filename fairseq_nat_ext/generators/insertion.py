@@ -31,9 +31,9 @@ class InsertionGenerator(EditGenerator):
         if self.sequential:
             self.max_iter = max(self.max_iter, self.max_len)
 
-    def _round(self, model, tokens, scores, enc, history):
+    def _round(self, model, tokens, scores, enc, history, kv=None):
         joint = insertion_softmax(getattr(model, "args", None)) == "joint"
-        lp = model.decoder.forward_slots(tokens, enc, normalize=True, joint=joint).float()  # (N, S, V)
+        lp = model.decoder.forward_slots(tokens, enc, normalize=True, joint=joint, kv=kv).float()  # (N, S, V)
         lp[..., [self.pad, self.bos, self.mask, self.unk]] = float("-inf")
         lp[..., self.eos] -= self.penalty
         best_lp, best = lp.max(-1)

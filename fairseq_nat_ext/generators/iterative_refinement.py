@@ -10,6 +10,9 @@
    the decoder passes its sentence took (with a length beam, the most any of its candidates took).
 4. The candidate with the best mean log-probability (of its last pass) is returned.
 
+One model: the encoder's cross-attention keys and values are computed once per sentence and read by
+every pass and length candidate, the layers run through modules/nat_decoder_inference.py, and each
+position's best token comes from ``best_vocab_tokens`` (no (positions x V) log-probs).
 ``--path a.pt:b.pt`` averages the models' probabilities (log-mean-exp).  ``--retain-iter-history``:
 one ``E-`` line per pass of the returned candidate.  Hypotheses: tokens (ending in ``</s>``), score,
 positional_scores (0 for ``</s>``), alignment=None, steps.
@@ -18,13 +21,15 @@ import math
 
 import torch
 
+from ..modules import nat_decoder_inference as fast
+from ..modules.vocab_projection import best_vocab_tokens
 from .base import NATGeneratorBase
 from .projection import best_tokens
 
 
 class RefinementGenerator(NATGeneratorBase):
     #: the benchmark's decoding keys this generator reads (fairseq_nat_ext.evaluation.decoding)
-    decoding_keys = ("iter", "len_beam", "force_iter")
+    decoding_keys = ("iter", "len_beam", "force")
 
     def __init__(self, models, tgt_dict, max_iter=10, length_beam=1, adaptive=True, retain_history=False):
         super().__init__(models, tgt_dict, retain_history)
@@ -39,8 +44,19 @@ class RefinementGenerator(NATGeneratorBase):
                    adaptive=not getattr(args, "iter_decode_force_max_iter", False),
                    retain_history=getattr(args, "retain_iter_history", False))
 
-    def _pass(self, models, enc, inp, first):
-        """One decoder pass of every model on rows ``inp`` (N, T) -> (tokens, log-probs) (N, T)."""
+    def _pass(self, models, enc, inp, first, cached=None):
+        """One decoder pass of every model on rows ``inp`` (N, T) -> (tokens, log-probs) (N, T).
+        ``cached`` (one model): (its cross-attention keys/values per sentence, the sentence of every
+        row): the layers read those, and each position's best token comes from ``best_vocab_tokens``
+        (no (positions x V) log-probs); ``enc`` is then only read by the first pass (copy_source)."""
+        valid = inp.ne(self.pad)
+        if cached is not None:
+            m, (cross, sent) = models[0], cached
+            feats = m.decoder(inp, enc[0], copy_source=first, features_only=True, cross=cross, sent=sent,
+                              select=valid)
+            lp, tok = best_vocab_tokens(m.decoder, feats, self.forbidden)
+            return (inp.new_full(inp.shape, self.pad).masked_scatter(valid, tok),
+                    lp.new_zeros(inp.shape).masked_scatter(valid, lp))
         feats = [m.decoder(inp, e, copy_source=first, features_only=True) for m, e in zip(models, enc)]
         valid = inp.ne(self.pad)
         tokens, lp = best_tokens(feats, [m.decoder.output_layer for m in models], len(self.tgt_dict),
@@ -65,11 +81,16 @@ class RefinementGenerator(NATGeneratorBase):
         top = len_lp.topk(k, dim=-1).indices
         lengths = models[0].decoder.class_to_length(top, enc[0]).clamp(1, self.max_len).reshape(-1)  # (N,)
         order = torch.arange(B, device=dev).repeat_interleave(k)
+        # one model with supported layers: every pass and length candidate of a sentence reads its
+        # cross-attention keys and values, computed once here
+        cross = fast.cross_kv(models[0].decoder, enc[0]) \
+            if len(models) == 1 and fast.supported(models[0].decoder) else None
         enc = [m.encoder.reorder_encoder_out(e, order) for m, e in zip(models, enc)]
         N, T = lengths.numel(), int(lengths.max())
         valid = torch.arange(T, device=dev).unsqueeze(0) < lengths.unsqueeze(1)
         placeholder = torch.full((N, T), self.pad, dtype=torch.long, device=dev).masked_fill(valid, self.mask)
-        tokens, lprobs = self._pass(models, enc, placeholder, first=True)
+        tokens, lprobs = self._pass(models, enc, placeholder, first=True,
+                                    cached=None if cross is None else (cross, order))
         steps = torch.ones(N, dtype=torch.long, device=dev)
         history = [[{"tokens": self._with_eos(tokens[r, : int(lengths[r])])}] for r in range(N)] \
             if self.retain_history else None
@@ -77,9 +98,12 @@ class RefinementGenerator(NATGeneratorBase):
         for _ in range(1, self.max_iter):
             if active.numel() == 0:
                 break
-            sub = [m.encoder.reorder_encoder_out(e, active) for m, e in zip(models, enc)]
             inp = tokens[active]
-            new_tok, new_lp = self._pass(models, sub, inp, first=False)
+            if cross is not None:
+                new_tok, new_lp = self._pass(models, enc, inp, first=False, cached=(cross, order[active]))
+            else:
+                sub = [m.encoder.reorder_encoder_out(e, active) for m, e in zip(models, enc)]
+                new_tok, new_lp = self._pass(models, sub, inp, first=False)
             changed = (new_tok != inp).any(1)
             tokens[active], lprobs[active] = new_tok, new_lp
             steps[active] += 1

@@ -8,7 +8,8 @@ Start from ``<s> </s>`` and repeat, for at most ``--iter-decode-max-iter`` round
    penalty: > 0 makes outputs longer); rows never exceed the decoder's max positions;
 3. fill: every placeholder gets its argmax token.
 A row stops when a round changes nothing (adaptive; ``--iter-decode-force-max-iter`` runs every
-round).  Hypotheses carry tokens (without ``<s>``, ending in ``</s>``), score (mean token log-prob of
+round).  The encoder's keys / values of the cross-attentions are projected once per batch and read by
+every pass of every round (the decoder's ``shared_kv``, modules/packed.py).  Hypotheses carry tokens (without ``<s>``, ending in ``</s>``), score (mean token log-prob of
 the last prediction of every token), positional_scores, alignment=None, steps (rounds run) and,
 with ``--retain-iter-history``, one entry per operation: {"op": "delete"|"insert"|"fill", "tokens"}.
 """
@@ -17,6 +18,8 @@ import torch
 
 from ..models.nat.edit_ops import (delete_tokens, fill_placeholders, insert_placeholders, rows_equal,
                                    spread_scores, trim)
+from ..modules import packed
+from ..modules.vocab_projection import best_vocab_tokens
 
 
 class EditGenerator:
@@ -42,11 +45,12 @@ class EditGenerator:
                    adaptive=not getattr(args, "iter_decode_force_max_iter", False),
                    retain_history=getattr(args, "retain_iter_history", False))
 
-    def _round(self, model, tokens, scores, enc, history):
-        """One delete/insert/fill round on rows ``tokens`` (N, T) -> (tokens, scores)."""
+    def _round(self, model, tokens, scores, enc, history, kv=None):
+        """One delete/insert/fill round on rows ``tokens`` (N, T) -> (tokens, scores); ``kv``: the
+        decoder's ``shared_kv`` of these rows' sources (computed once per batch, not per pass)."""
         dec, pad = model.decoder, self.pad
         if tokens.size(1) > 2:
-            dele = dec.forward_word_del(tokens, enc).argmax(-1).bool()
+            dele = dec.forward_word_del(tokens, enc, kv=kv).argmax(-1).bool()
             content = tokens.ne(pad) & tokens.ne(self.bos) & tokens.ne(self.eos)
             dele &= content
             if dele.any():
@@ -54,7 +58,7 @@ class EditGenerator:
                 tokens = delete_tokens(tokens, dele, pad, self.bos, self.eos)
                 scores = _close_up(keep_scores, tokens.size(1))
             self._log(history, "delete", tokens)
-        lp = dec.forward_mask_ins(tokens, enc, normalize=True)
+        lp = dec.forward_mask_ins(tokens, enc, normalize=True, kv=kv)
         lp[..., 0] -= self.penalty
         counts = lp.argmax(-1)
         if counts.any():
@@ -64,9 +68,9 @@ class EditGenerator:
             self._log(history, "insert", tokens)
             holes = tokens.eq(self.mask)
             if holes.any():
-                wlp = dec.forward_word_ins(tokens, enc, normalize=True, select=holes).float()
-                wlp[:, [self.pad, self.bos, self.eos, self.mask, self.unk]] = float("-inf")
-                best_lp, best = wlp.max(-1)
+                # the best token of each placeholder without its (holes x V) log-probs
+                h = dec.states(tokens, enc, kv)[holes]
+                best_lp, best = best_vocab_tokens(dec, h, [self.pad, self.bos, self.eos, self.mask, self.unk])
                 tokens = fill_placeholders(tokens, best, self.mask)
                 scores = scores.clone()
                 scores[holes] = best_lp.to(scores.dtype)
@@ -89,6 +93,9 @@ class EditGenerator:
         src_tokens, src_lengths = net["src_tokens"], net["src_lengths"]
         B, dev = src_tokens.size(0), src_tokens.device
         enc = model.encoder(src_tokens, src_lengths=src_lengths)
+        # every pass of every round reads the same encoder keys / values: projected once
+        shared = getattr(model.decoder, "shared_kv", None)
+        kv = shared(enc) if shared is not None else None
         tokens = src_tokens.new_tensor([self.bos, self.eos]).repeat(B, 1)
         scores = torch.zeros(B, 2, device=dev)
         steps = torch.zeros(B, dtype=torch.long, device=dev)
@@ -100,7 +107,7 @@ class EditGenerator:
                 break
             e = model.encoder.reorder_encoder_out(enc, active)
             hist = [history[i] for i in active.tolist()] if history is not None else None
-            new_tok, new_sc = self._round(model, tokens, scores, e, hist)
+            new_tok, new_sc = self._round(model, tokens, scores, e, hist, kv=packed.select_kv(kv, active))
             steps[active] += 1
             same = rows_equal(new_tok, tokens, self.pad)
             done = same if self.adaptive else torch.zeros_like(same)

@@ -28,6 +28,8 @@ from fairseq.models import register_model, register_model_architecture
 from fairseq.models.nat import FairseqNATDecoder
 from fairseq.models.transformer import base_architecture as transformer_base_architecture
 
+from ...modules import cpu_linear, packed
+from ...modules.vocab_projection import vocab_logits
 from ...oracles.insertion import insertion_oracle
 from ...oracles.levenshtein import levenshtein_oracle
 from ...tasks.nat_translation import MASK_SYMBOL
@@ -42,13 +44,28 @@ class InsertionDecoder(FairseqNATDecoder):
         self.mask_idx = dictionary.index(MASK_SYMBOL)
         self.slot_proj = nn.Linear(2 * d, d)
 
-    def forward_slots(self, tokens, encoder_out, normalize=False, joint=False):
+    def shared_kv(self, encoder_out):
+        """The cross-attentions' encoder keys / values, for the decoding rounds over the same sources
+        (``kv`` of :meth:`forward_slots`); None where modules/packed.py does not apply."""
+        return packed.cross_kv(self, encoder_out) if packed.supports_decoder(self) else None
+
+    def states(self, tokens, encoder_out, kv=None):
+        """(B, T, C) decoder states.  In eval mode without autograd through modules/packed.py (the same
+        maths on the real positions only, encoder keys / values ``kv`` when given; zeros at padding);
+        training keeps fairseq's forward (and its dropout draws)."""
+        if not self.training and not torch.is_grad_enabled() and packed.supports_decoder(self):
+            return packed.nat_decoder_features(self, tokens, encoder_out, kv=kv)
+        h, _ = self.extract_features(tokens, encoder_out=encoder_out, full_context_alignment=True)
+        return h
+
+    def forward_slots(self, tokens, encoder_out, normalize=False, joint=False, kv=None):
         """tokens (B, T) -> (B, T-1, V) per-slot token logits (``</s>`` = end of slot).  normalize:
         log-probabilities, per slot (``joint=False``: log p(c | l)) or over every (slot, token) pair
-        of a row (``joint=True``: log p(c, l), float32; the slots past the row's last token get -inf)."""
-        h, _ = self.extract_features(tokens, encoder_out=encoder_out, full_context_alignment=True)
-        slots = self.slot_proj(torch.cat([h[:, :-1], h[:, 1:]], -1))
-        out = self.output_layer(slots)
+        of a row (``joint=True``: log p(c, l), float32; the slots past the row's last token get -inf).
+        ``kv``: :meth:`shared_kv` of these rows' sources (decoding)."""
+        h = self.states(tokens, encoder_out, kv)
+        slots = cpu_linear.module(self.slot_proj, torch.cat([h[:, :-1], h[:, 1:]], -1))
+        out = vocab_logits(self, slots)
         if not normalize:
             return out
         if joint:

@@ -25,6 +25,7 @@ from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import base_architecture as transformer_base_architecture
 
 from ...compat import InputError
+from ...modules import nat_decoder_inference as fast
 from .base import SMALL, TINY, arch_defaults
 from .corruption import corrupt
 from .ctc_nat import front_align
@@ -52,10 +53,17 @@ class RefinementDecoder(MaskPredictDecoder):
         return emb.gather(1, idx.unsqueeze(-1).expand(-1, -1, emb.size(-1)))
 
     def forward(self, prev_output_tokens, encoder_out, normalize=False, copy_source=False,
-                features_only=False, **unused):
+                features_only=False, cross=None, sent=None, select=None, **unused):
         """prev_output_tokens (B, T) right-padded (Y(t), or any non-pad placeholders with
         ``copy_source``) -> logits (B, T, V) (log-probs with ``normalize``, features with
-        ``features_only``)."""
+        ``features_only``); with ``select`` (bool (B, T)) only at those positions: (K, ...) in
+        row-major order.
+
+        In eval mode without autograd the layers run through modules/nat_decoder_inference.py (the
+        same maths); ``cross``: the cached cross-attention keys and values of the sentences
+        (``cross_kv``) and ``sent`` (B,) the sentence of every row (decoding reads the keys and values
+        of a sentence once for all its passes and length candidates); ``encoder_out`` then only
+        serves ``copy_source`` (one entry per row)."""
         pad = prev_output_tokens.eq(self.padding_idx)
         if copy_source:
             x = self.copy_source(encoder_out, (~pad).sum(1), prev_output_tokens.size(1))
@@ -67,10 +75,26 @@ class RefinementDecoder(MaskPredictDecoder):
             x = x + self.embed_positions(prev_output_tokens)
         if self.layernorm_embedding is not None:
             x = self.layernorm_embedding(x)
+        self_pad = pad if bool(pad.any()) else None
+        if not self.training and not torch.is_grad_enabled() and fast.supported(self):
+            cross = cross if cross is not None else fast.cross_kv(self, encoder_out)
+            x = fast.decoder_features(self, x, self_pad, cross, sent, select=select)
+        else:
+            if cross is not None or sent is not None:
+                raise ValueError("RefinementDecoder: cached keys/values (cross, sent) need eval mode "
+                                 "without autograd and supported layers")
+            x = self._layers(x, encoder_out, self_pad)
+            x = x[select] if select is not None else x
+        if features_only:
+            return x
+        out = self.output_layer(x)
+        return F.log_softmax(out.float(), -1) if normalize else out
+
+    def _layers(self, x, encoder_out, self_pad):
+        """fairseq's layer loop on embedded input x (B, T, C) -> final states (B, T, C)."""
         x = self.dropout_module(x).transpose(0, 1)
         enc = encoder_out["encoder_out"][0]
         enc_pad = encoder_out["encoder_padding_mask"][0] if encoder_out["encoder_padding_mask"] else None
-        self_pad = pad if bool(pad.any()) else None
         for layer in self.layers:
             x, _, _ = layer(x, enc, enc_pad, None, self_attn_mask=None, self_attn_padding_mask=self_pad)
         if self.layer_norm is not None:
@@ -78,10 +102,7 @@ class RefinementDecoder(MaskPredictDecoder):
         x = x.transpose(0, 1)
         if self.project_out_dim is not None:
             x = self.project_out_dim(x)
-        if features_only:
-            return x
-        out = self.output_layer(x)
-        return F.log_softmax(out.float(), -1) if normalize else out
+        return x
 
 
 def replacement_vocab(dictionary):
