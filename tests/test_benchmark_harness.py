@@ -95,7 +95,7 @@ def test_decoding_parse_and_format():
     assert dec.format_decoding({"len_beam": 3, "iter": 10}) == "iter=10,len_beam=3"
     assert dec.canonical_decoding("len_beam=3,iter=10.0") == "iter=10,len_beam=3"
     assert dec.canonical_decoding("beam=5") == "beam=5"
-    assert dec.canonical_decoding("iter=10,force_iter=true") == "iter=10,force_iter=1"
+    assert dec.canonical_decoding("iter=10,force=true") == "iter=10,force=1"
     assert dec.canonical_decoding("beam=4,lenpen=1.0") == "beam=4,lenpen=1"
     assert dec.canonical_decoding("beam=4,lenpen=0.6") == "beam=4,lenpen=0.6"
     assert dec.is_canonical_decoding("iter=10,len_beam=3")
@@ -117,7 +117,7 @@ def test_descriptive_and_task_keys():
 
 @pytest.mark.parametrize(
     "bad", ["", "beam", "beam=5 ", "beam=5,,iter=2", "beam=0", "beam=2.5", "foo=1",
-            "beam=5,beam=4", "iter=10, len_beam=3", "force_iter=maybe", "lenpen=nan", "dir=en/de",
+            "beam=5,beam=4", "iter=10, len_beam=3", "force=maybe", "lenpen=nan", "dir=en/de",
             "loss=1x"],
 )
 def test_decoding_rejects(bad):
@@ -126,7 +126,7 @@ def test_decoding_rejects(bad):
 
 
 def test_generation_options_map_to_fairseq_names():
-    ns = dec.generation_options({"iter": 10, "len_beam": 3, "force_iter": True})
+    ns = dec.generation_options({"iter": 10, "len_beam": 3, "force": True})
     assert (ns.iter_decode_max_iter, ns.iter_decode_with_beam, ns.iter_decode_force_max_iter) == (
         10, 3, True)
     assert ns.beam == 5 and ns.max_len_b == 200  # fairseq-generate's defaults otherwise

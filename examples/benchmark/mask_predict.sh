@@ -20,7 +20,7 @@
 #
 # Every decoding of our model is first scored on the valid split (--valid-tune ->
 # benchmarks/results/mask_predict/valid_tune.json); MP_DECODINGS (space-separated) overrides the
-# list, e.g. "iter=10,len_beam=3 iter=10,len_beam=5 iter=10,len_beam=3,force_iter=1".  MP_VALID_TUNE=0
+# list, e.g. "iter=10,len_beam=3 iter=10,len_beam=5 iter=10,len_beam=3,force=1".  MP_VALID_TUNE=0
 # skips that step when valid_tune.json already holds these decodings of this checkpoint (e.g. scored
 # earlier with `python -m fairseq_nat_ext.evaluation.run --valid-only ...` while another job ran).
 # TEACHER_DECODINGS (default "beam=1 beam=5") and CMLM_DECODINGS (default "iter=10,len_beam=3") do the

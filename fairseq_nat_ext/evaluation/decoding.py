@@ -12,7 +12,7 @@ key             fairseq option                   type     used by
 ``max_len_b``   ``--max-len-b``                  int      autoregressive beam search
 ``iter``        ``--iter-decode-max-iter``       int      iterative (NAT) decoding
 ``len_beam``    ``--iter-decode-with-beam``      int      iterative (NAT) decoding: length beam
-``force_iter``  ``--iter-decode-force-max-iter`` bool     iterative (NAT) decoding: no early stop
+``force``       ``--iter-decode-force-max-iter`` bool     iterative (NAT) decoding: no early stop
 ``eos_penalty`` ``--iter-decode-eos-penalty``    float    fairseq's IterativeRefinementGenerator
 ``reranker``    ``--iter-decode-with-external-   bool     fairseq's IterativeRefinementGenerator: the
                 reranker``                                last ``--path`` model rescores the length beam
@@ -61,7 +61,7 @@ KEYS = {
     "max_len_b": ("max_len_b", int, "ar"),
     "iter": ("iter_decode_max_iter", int, "nat"),
     "len_beam": ("iter_decode_with_beam", int, "nat"),
-    "force_iter": ("iter_decode_force_max_iter", bool, "nat"),
+    "force": ("iter_decode_force_max_iter", bool, "nat"),
     "eos_penalty": ("iter_decode_eos_penalty", float, "nat"),
     "reranker": ("iter_decode_with_external_reranker", bool, "nat"),
     "block": ("iter_decode_max_iter", int, "nat"),
