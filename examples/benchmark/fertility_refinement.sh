@@ -11,8 +11,8 @@
 # Rows written to $OUT (upserted: other rows are kept):
 #   fairseq:transformer   beam=1, beam=5                        the AR teacher (not distilled); it also
 #                                                               scores the NPD candidates
-#   nat_fertility         fertility=aligner,npd=1|10|100        distilled (FERT_ALIGNER_CKPT) and raw
-#                         fertility=attention,npd=1|10|100      (FERT_*_RAW_CKPT, distilled=false)
+#   nat_fertility         fertility=aligner,npd=1|10|100,rank=R distilled (FERT_ALIGNER_CKPT) and raw
+#                         fertility=attention,npd=1|10|100,rank=R  (FERT_*_RAW_CKPT, distilled=false)
 #   iterative_refinement  iter=1, iter=2, iter=5, iter=10       distilled
 #   fairseq:nonautoregressive_transformer            iter=0     distilled, one pass
 #   fairseq:nonautoregressive_transformer   iter=0,len_beam=10,reranker=1   the same model with fairseq's
@@ -44,6 +44,7 @@
 #                     (e.g. "fert_aligner: 3000 + 500 REINFORCE updates"); written into the results'
 #                     "data" field
 #   NPD_SAMPLES       default "1 10 100"
+#   NPD_RANKS         NPD rankings, default "total" (the paper's; "total mean" measures both)
 #   RERANK_BEAM       length candidates of the fairseq_rerank row (default 10)
 #   SYSTEMS           which rows to (re)measure, default "teacher fert_aligner fert_attention
 #                     fert_aligner_raw fert_attention_raw refine fairseq_nat fairseq_rerank fairseq_iter
@@ -61,6 +62,7 @@ FAIRSEQ_NAT_CKPT="${FAIRSEQ_NAT_CKPT:-$REPO/runs/fairseq_nat/checkpoint_avg.pt}"
 FAIRSEQ_ITER_CKPT="${FAIRSEQ_ITER_CKPT:-$REPO/runs/fairseq_iter/checkpoint_avg.pt}"
 REINFORCE_NOTE="${REINFORCE_NOTE:-}"
 NPD_SAMPLES="${NPD_SAMPLES:-1 10 100}"
+NPD_RANKS="${NPD_RANKS:-total}"
 RERANK_BEAM="${RERANK_BEAM:-10}"
 ALL_SYSTEMS="teacher fert_aligner fert_attention fert_aligner_raw fert_attention_raw refine fairseq_nat fairseq_rerank fairseq_iter reference"
 SYSTEMS="${SYSTEMS:-$ALL_SYSTEMS}"
@@ -72,6 +74,7 @@ prefix() { if [[ "$1" == fairseq_rerank ]]; then echo FAIRSEQ_NAT; else echo "$1
 ckpt_of() { local v; v="$(prefix "$1")_CKPT"; echo "${!v}"; }
 
 for n in $NPD_SAMPLES; do [[ "$n" =~ ^[1-9][0-9]*$ ]] || die "NPD_SAMPLES: '$n' is not a positive integer"; done
+for r in $NPD_RANKS; do [[ "$r" == total || "$r" == mean ]] || die "NPD_RANKS: '$r' is not total or mean"; done
 [[ "$RERANK_BEAM" =~ ^[1-9][0-9]*$ && "$RERANK_BEAM" -gt 1 ]] || die "RERANK_BEAM must be an integer >= 2, got '$RERANK_BEAM'"
 [[ -d "$DATA_BIN" ]] || die "DATA_BIN $DATA_BIN: no such directory"
 [[ -f "$RAW_REF" ]] || die "RAW_REF $RAW_REF: no such file"
@@ -89,7 +92,7 @@ for s in $SYSTEMS; do
     COMMAND+="$(command_settings "$(prefix "$s")")"
 done
 [[ " $SYSTEMS " == *" fairseq_rerank "* && " $SYSTEMS " != *" fairseq_nat "* ]] && COMMAND+=" FAIRSEQ_NAT_CKPT=$FAIRSEQ_NAT_CKPT"
-COMMAND+=" NPD_SAMPLES='$NPD_SAMPLES' RERANK_BEAM=$RERANK_BEAM"
+COMMAND+=" NPD_SAMPLES='$NPD_SAMPLES' NPD_RANKS='$NPD_RANKS' RERANK_BEAM=$RERANK_BEAM"
 [[ "$SYSTEMS" != "$ALL_SYSTEMS" ]] && COMMAND+=" SYSTEMS='$SYSTEMS'"
 finish_command
 
@@ -103,7 +106,9 @@ COMMON=("${HARNESS[@]}" --data-bin "$DATA_BIN" --raw-ref "$RAW_REF" --data-name 
 
 fertility_rows() {  # SYS LABEL DISTILLED(--distilled|--no-distilled)
     local decs=()
-    for n in $NPD_SAMPLES; do decs+=(--decoding "fertility=$2,npd=$n"); done
+    for n in $NPD_SAMPLES; do
+        for r in $NPD_RANKS; do decs+=(--decoding "fertility=$2,npd=$n,rank=$r"); done
+    done
     # shellcheck disable=SC2046  # word splitting of train_stats is intended (no spaces in paths)
     bench "${COMMON[@]}" --system-ckpt "$(ckpt_of "$1")" "$3" "${decs[@]}" \
         --generation-option "npd_teacher=$TEACHER_CKPT" $(train_stats "$(prefix "$1")")
