@@ -203,7 +203,8 @@ def test_an_imputer_ensembled_with_itself_decodes_like_itself(imputer):
 def _reference_block_decoding(model, sample, B, forbidden):
     """Block decoding from its definition, one sentence at a time with the decoder's training-time
     forward (fairseq's layer loop, whole log-softmax): each step, in every block holding masked
-    positions, the masked position whose best symbol is the most probable gets that symbol."""
+    positions, the masked position whose best symbol is the most probable gets that symbol.
+    -> per sentence (final alignment, sum of the filled symbols' log-probs)."""
     out = []
     net = sample["net_input"]
     with torch.enable_grad():  # the decoder's own layer loop, not the inference forward
@@ -212,7 +213,7 @@ def _reference_block_decoding(model, sample, B, forbidden):
         for b in range(up.size(0)):
             L = int(lengths[b])
             enc_b = model.encoder.reorder_encoder_out(enc, torch.tensor([b]))
-            align = [model.mask_idx] * L
+            align, total = [model.mask_idx] * L, 0.0
             for _ in range(B):
                 if model.mask_idx not in align:
                     break
@@ -226,8 +227,9 @@ def _reference_block_decoding(model, sample, B, forbidden):
                     if cands:
                         i = max(cands, key=lambda i: (best_lp[i].item(), -i))
                         new[i] = int(best[i])
+                        total += best_lp[i].item()
                 align = new
-            out.append(align)
+            out.append((align, total))
     return out
 
 
@@ -239,5 +241,7 @@ def test_block_decoding_equals_a_plain_loop_over_its_definition(imputer, B):
     gen = ImputerGenerator([model], task.target_dictionary, block=B)
     hyps = gen.generate([model], sample)
     want = _reference_block_decoding(model, sample, B, gen.forbidden)
-    for h, align in zip(hyps, want):
+    for h, (align, total) in zip(hyps, want):
         assert h[0]["final_alignment"].tolist() == align
+        # the log-probs the filled symbols had, spread over the output tokens: their sum is kept
+        assert abs(h[0]["positional_scores"].sum().item() - total) < 1e-3

@@ -11,6 +11,7 @@ import fairseq_nat_ext  # noqa: F401
 
 @pytest.fixture(scope="module")
 def model_task(toy_databin):
+    torch.manual_seed(0)  # the same model whatever ran before (loss comparisons below depend on it)
     task, model, _ = build_model_and_task(toy_databin[0], ["--arch", "insertion_tiny", "--dropout", "0"])
     task.load_dataset("valid")
     return model.eval(), task

@@ -67,16 +67,19 @@ def test_unpadded_batch_and_one_row_per_sentence(model):
 
 
 def test_fused_projection_follows_weight_updates(model):
+    from fairseq_nat_ext.modules import cpu_linear
     from fairseq_nat_ext.modules.attention.mix import stacked_qkv_weight
 
     m = model
     sa = m.decoder.layers[0].self_attn
     with torch.no_grad():
+        assert stacked_qkv_weight(sa)[0] is not stacked_qkv_weight(sa)[0]  # outside decoding: no cache
+    with torch.no_grad(), cpu_linear.decoding([m]):
         w1, _ = stacked_qkv_weight(sa)
         assert stacked_qkv_weight(sa)[0] is w1  # cached
         sa.k_proj.weight.add_(1.0)
     try:
-        with torch.no_grad():
+        with torch.no_grad(), cpu_linear.decoding([m]):
             w2, _ = stacked_qkv_weight(sa)
         assert torch.equal(w2[sa.embed_dim:2 * sa.embed_dim], sa.k_proj.weight)
     finally:

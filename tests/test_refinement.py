@@ -250,3 +250,30 @@ def test_cached_single_model_path_equals_the_ensemble_path(built, adaptive):
         assert a[0]["tokens"].tolist() == b[0]["tokens"].tolist()
         assert a[0]["steps"] == b[0]["steps"]
         assert torch.allclose(a[0]["positional_scores"], b[0]["positional_scores"], atol=1e-4)
+
+
+def test_a_cached_pass_over_some_rows_reads_their_sentences_keys_and_values(built):
+    """Rows that stay in the batch map to their sentences (``order[active]``): the cached pass equals
+    the pass over the encoder output reordered to those rows."""
+    task, model, _ = built
+    from fairseq_nat_ext.generators.iterative_refinement import RefinementGenerator
+    from fairseq_nat_ext.modules import cpu_linear
+    from fairseq_nat_ext.modules import nat_decoder_inference as fast
+
+    model.eval()
+    task.load_dataset("test")
+    ds = task.dataset("test")
+    sample = ds.collater([ds[i] for i in range(4)])
+    net = sample["net_input"]
+    gen = RefinementGenerator([model], task.target_dictionary)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad(), cpu_linear.decoding([model]):
+        enc = model.encoder(net["src_tokens"], src_lengths=net["src_lengths"])
+        order = torch.arange(4).repeat_interleave(2)  # 2 length candidates per sentence
+        active = torch.tensor([7, 0, 3, 4])
+        inp = torch.randint(4, 20, (4, 6), generator=g)
+        inp[1, 4:] = inp[3, 2:] = task.target_dictionary.pad()
+        cached = gen._pass([model], [enc], inp, first=False, cached=(fast.cross_kv(model.decoder, enc), order[active]))
+        plain = gen._pass([model], [model.encoder.reorder_encoder_out(enc, order[active])], inp, first=False)
+    assert torch.equal(cached[0], plain[0])
+    assert torch.allclose(cached[1], plain[1], atol=1e-5)

@@ -28,6 +28,7 @@ import math
 import torch
 
 from ..compat import InputError
+from ..modules import cpu_linear
 from ..modules.vocab_projection import best_vocab_tokens
 from ..oracles.ctc_alignment import alignment_token_scores, ctc_collapse
 from .base import NATGeneratorBase
@@ -166,6 +167,7 @@ class CTCGenerator(NATGeneratorBase):
         return self._with_eos(tokens[:n]), torch.cat([scores[:n], scores[n:].sum(0, keepdim=True)])
 
     @torch.no_grad()
+    @cpu_linear.decodes
     def generate(self, models, sample, prefix_tokens=None, constraints=None, **unused):
         if constraints is not None or prefix_tokens is not None:
             raise NotImplementedError("ctc decoding: prefix and constrained decoding are not supported")
@@ -173,7 +175,7 @@ class CTCGenerator(NATGeneratorBase):
         for m in models:
             m.eval()
         net = sample["net_input"]
-        if self.beam == 1 and len(models) == 1:
+        if self.beam == 1 and len(models) == 1 and type(self).model_lprobs is CTCGenerator.model_lprobs:
             return self._greedy(*self.best_symbols(models[0], net["src_tokens"], net["src_lengths"]))
         lp, lengths = self.alignment_lprobs(models, net["src_tokens"], net["src_lengths"])
         if self.beam == 1:

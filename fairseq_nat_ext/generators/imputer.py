@@ -20,6 +20,7 @@ import math
 
 import torch
 
+from ..modules import cpu_linear
 from ..modules import nat_decoder_inference as fast
 from ..modules.vocab_projection import best_vocab_tokens
 from ..oracles.ctc_alignment import alignment_token_scores, ctc_collapse
@@ -59,6 +60,7 @@ class ImputerGenerator(CTCGenerator):
                    retain_history=getattr(args, "retain_iter_history", False))
 
     @torch.no_grad()
+    @cpu_linear.decodes
     def generate(self, models, sample, prefix_tokens=None, constraints=None, **unused):
         if constraints is not None or prefix_tokens is not None:
             raise NotImplementedError("imputer decoding: prefix and constrained decoding are not supported")

@@ -10,9 +10,10 @@
    the decoder passes its sentence took (with a length beam, the most any of its candidates took).
 4. The candidate with the best mean log-probability (of its last pass) is returned.
 
-One model: the encoder's cross-attention keys and values are computed once per sentence and read by
-every pass and length candidate, the layers run through modules/nat_decoder_inference.py, and each
-position's best token comes from ``best_vocab_tokens`` (no (positions x V) log-probs).
+One model whose layers modules/nat_decoder_inference.py supports: the encoder's cross-attention keys
+and values are computed once per sentence and read by every pass and length candidate, the layers run
+through that module, and each position's best token comes from ``best_vocab_tokens`` (no
+(positions x V) log-probs).
 ``--path a.pt:b.pt`` averages the models' probabilities (log-mean-exp).  ``--retain-iter-history``:
 one ``E-`` line per pass of the returned candidate.  Hypotheses: tokens (ending in ``</s>``), score,
 positional_scores (0 for ``</s>``), alignment=None, steps.
@@ -21,6 +22,7 @@ import math
 
 import torch
 
+from ..modules import cpu_linear
 from ..modules import nat_decoder_inference as fast
 from ..modules.vocab_projection import best_vocab_tokens
 from .base import NATGeneratorBase
@@ -64,6 +66,7 @@ class RefinementGenerator(NATGeneratorBase):
         return tokens.masked_fill(~valid, self.pad), lp  # lp is 0 off ``valid`` (not projected)
 
     @torch.no_grad()
+    @cpu_linear.decodes
     def generate(self, models, sample, prefix_tokens=None, constraints=None, **unused):
         if constraints is not None or prefix_tokens is not None:
             raise NotImplementedError("iterative_refinement: prefix and constrained decoding are not supported")

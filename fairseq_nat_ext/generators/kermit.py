@@ -25,6 +25,7 @@ import torch
 from ..compat import InputError
 from ..models.nat.edit_ops import fill_placeholders, insert_placeholders, pad_to, spread_scores, trim
 from ..models.nat.kermit import absent_like, first_eos, pair_canvas
+from ..modules import cpu_linear
 
 GAP_SYMBOL = "<gap>"
 GENERATE_MODES = ("translate", "joint", "marginal", "cloze")
@@ -117,6 +118,7 @@ class KermitGenerator:
 
     # ----- decoding ----------------------------------------------------------------------------
     @torch.no_grad()
+    @cpu_linear.decodes
     def generate(self, models, sample, prefix_tokens=None, constraints=None, **unused):
         if constraints is not None or prefix_tokens is not None:
             raise NotImplementedError("kermit decoding: prefixes and constraints are not supported")

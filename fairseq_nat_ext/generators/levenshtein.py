@@ -9,16 +9,17 @@ Start from ``<s> </s>`` and repeat, for at most ``--iter-decode-max-iter`` round
 3. fill: every placeholder gets its argmax token.
 A row stops when a round changes nothing (adaptive; ``--iter-decode-force-max-iter`` runs every
 round).  The encoder's keys / values of the cross-attentions are projected once per batch and read by
-every pass of every round (the decoder's ``shared_kv``, modules/packed.py).  Hypotheses carry tokens (without ``<s>``, ending in ``</s>``), score (mean token log-prob of
-the last prediction of every token), positional_scores, alignment=None, steps (rounds run) and,
-with ``--retain-iter-history``, one entry per operation: {"op": "delete"|"insert"|"fill", "tokens"}.
+every pass of every round (the decoder's ``shared_kv``, modules/packed.py).  Hypotheses carry tokens
+(without ``<s>``, ending in ``</s>``), score (mean token log-prob of the last prediction of every
+token), positional_scores, alignment=None, steps (rounds run) and, with ``--retain-iter-history``, one
+entry per operation: {"op": "delete"|"insert"|"fill", "tokens"}.
 """
 
 import torch
 
 from ..models.nat.edit_ops import (delete_tokens, fill_placeholders, insert_placeholders, rows_equal,
                                    spread_scores, trim)
-from ..modules import packed
+from ..modules import cpu_linear, packed
 from ..modules.vocab_projection import best_vocab_tokens
 
 
@@ -84,6 +85,7 @@ class EditGenerator:
                     row.append({"op": op, "tokens": toks[toks.ne(self.pad)].clone()})
 
     @torch.no_grad()
+    @cpu_linear.decodes
     def generate(self, models, sample, prefix_tokens=None, constraints=None, **unused):
         if constraints is not None or prefix_tokens is not None:
             raise NotImplementedError("levenshtein decoding: prefixes and constraints are not supported")

@@ -28,6 +28,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ..modules import cpu_linear
 from ..modules import nat_decoder_inference as fast
 from ..modules.vocab_projection import best_vocab_tokens, vocab_logits
 from .base import NATGeneratorBase
@@ -108,6 +109,7 @@ class MaskPredictGenerator(NATGeneratorBase):
         return best_tok, best_lp
 
     @torch.no_grad()
+    @cpu_linear.decodes
     def generate(self, models, sample, prefix_tokens=None, constraints=None, **unused):
         if constraints is not None:
             raise NotImplementedError("mask_predict: constrained decoding is not supported")

@@ -50,7 +50,7 @@ import os
 import torch
 
 from ..compat import InputError, fairseq_mask_warning_silenced
-from ..modules import packed
+from ..modules import cpu_linear, packed
 from ..models.nat.nat_fertility import source_fertility_mask
 from .base import NATGeneratorBase
 from .projection import best_tokens, shared_target_log_probs, target_log_probs
@@ -333,6 +333,7 @@ class NPDGenerator(NATGeneratorBase):
                 "order": order, "unique": unique, "inverse": inverse, "chunks": chunks}
 
     @torch.no_grad()
+    @cpu_linear.decodes
     def generate(self, models, sample, prefix_tokens=None, constraints=None, **unused):
         if constraints is not None or prefix_tokens is not None:
             raise NotImplementedError("nat_fertility decoding: prefix and constrained decoding are not supported")

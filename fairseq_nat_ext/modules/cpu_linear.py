@@ -9,27 +9,43 @@ on the 2-core benchmark machine, fp32, d = 256: the vocabulary product (9,812 x 
 rows took 0.61 / 1.07 / 2.73 ms through torch's fastest route and 0.30 / 0.82 / 1.73 ms prepacked;
 the layers' (1,024 x 256) product for 45 rows 0.25 vs 0.19 ms.
 
-:func:`linear` equals ``F.linear`` up to float rounding (a different summation order: about 1e-6
-relative here); it is used only without autograd, on CPU, for float32 tensors, and falls back to
-``F.linear`` anywhere else (CUDA, training, other dtypes, a torch built without oneDNN).  The packed
-copy of a weight is cached per weight tensor and rebuilt when the weight changes (in-place updates
-bump its version), so a model keeps decoding correctly after more training steps.
+Scope.  The prepacked route (and every other decoding-time weight cache, e.g.
+``attention.mix.stacked_qkv_weight``) is active only inside :func:`decoding`, which the plugin's
+generators enter in ``generate`` (decorator :func:`decodes`); everywhere else -- training, the no-grad
+passes of a training step (Levenshtein roll-ins, the Imputer's alignments), validation -- :func:`linear`
+is ``F.linear`` and nothing is cached, so training computes exactly what it did without this module.
+Inside, :func:`linear` equals ``F.linear`` up to float rounding (a different summation order: about
+1e-6 relative here) for float32 CPU tensors without autograd, and is ``F.linear`` otherwise (CUDA,
+other dtypes, inference tensors, a torch built without oneDNN).
+
+Staleness.  A packed copy is keyed by its weight's storage address, version counter, shape and dtype
+(and keeps the old storage alive, so a new weight cannot take its address).  Updates through
+``param.data`` -- what fairseq's optimizers do -- bump no version counter, so :func:`decoding` caches
+nothing for models any of whose parameters holds a gradient (a model inside a training process:
+fairseq's ``--eval-bleu`` validation, a REINFORCE stage); fairseq-generate and the benchmark harness
+never compute one.  Code that edits a decoding model's weights through ``.data`` by hand between
+``generate`` calls must call :func:`clear`.
 """
+import contextlib
+import functools
 import weakref
 
 import torch
 import torch.nn.functional as F
 
-#: id(weight tensor) -> (weak reference to it, (data_ptr, version), packed weight); an entry leaves
-#: with its tensor (tensors compare elementwise, so they cannot key a WeakKeyDictionary)
+#: id(weight tensor) -> (weak reference to it, key, packed weight, the weight's storage kept alive);
+#: an entry leaves with its tensor (tensors compare elementwise, so they cannot key a WeakKeyDictionary)
 _PACKED = {}
 
+#: functions that empty the other decoding-time caches (registered by their modules), run by :func:`clear`
+_CLEARERS = []
 
 #: the row count oneDNN lays the weight out for (it multiplies any count); 64 was the fastest of
 #: 1 / 64 / 1,024 / none for 1-600 rows on the benchmark machine
 ROWS_HINT = 64
 
 _available = None
+_depth = 0  # nesting depth of caching decoding() scopes
 
 
 def available():
@@ -47,11 +63,54 @@ def available():
     return _available
 
 
+def caching():
+    """True inside a :func:`decoding` scope that may cache weights (and not under inference mode)."""
+    return _depth > 0 and not torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+
+
+def clear():
+    """Forget every packed and cached decoding weight."""
+    _PACKED.clear()
+    for fn in _CLEARERS:
+        fn()
+
+
+def register_clearer(fn):
+    _CLEARERS.append(fn)
+    return fn
+
+
+@contextlib.contextmanager
+def decoding(models=()):
+    """Decoding scope: weight caches (prepacked products, stacked q/k/v) are used and kept across
+    scopes.  Caches nothing when a parameter of ``models`` holds a gradient (a model being trained:
+    its optimizer updates weights through ``.data``, which no cache key sees)."""
+    global _depth
+    if any(p.grad is not None for m in models for p in m.parameters()):
+        yield
+        return
+    _depth += 1
+    try:
+        yield
+    finally:
+        _depth -= 1
+
+
+def decodes(generate):
+    """Decorator for a generator's ``generate(self, models, sample, ...)``: runs it in :func:`decoding`
+    of ``models`` (or ``self.models``)."""
+    @functools.wraps(generate)
+    def wrapper(self, models, *args, **kwargs):
+        with decoding(models or getattr(self, "models", None) or ()):
+            return generate(self, models, *args, **kwargs)
+    return wrapper
+
+
 def usable(x, weight):
     """True when :func:`linear` takes the prepacked route for these tensors."""
-    return (x.device.type == "cpu" and weight.device.type == "cpu" and x.dtype == torch.float32
-            and weight.dtype == torch.float32 and weight.dim() == 2 and not torch.is_grad_enabled()
-            and x.numel() > 0 and available())
+    return (caching() and x.device.type == "cpu" and weight.device.type == "cpu"
+            and x.dtype == torch.float32 and weight.dtype == torch.float32 and weight.dim() == 2
+            and x.numel() > 0 and not weight.is_inference() and available())
 
 
 def _forget(wid):
@@ -63,15 +122,14 @@ def _forget(wid):
 
 
 def packed_weight(weight):
-    """oneDNN's layout of ``weight`` (out, in), cached until the weight changes."""
-    key = (weight.data_ptr(), weight._version)
+    """oneDNN's layout of ``weight`` (out, in), cached until the weight changes (see the module doc)."""
+    key = (weight.data_ptr(), weight._version, tuple(weight.shape), weight.stride(), weight.dtype)
     wid = id(weight)
     hit = _PACKED.get(wid)
     if hit is None or hit[0]() is not weight or hit[1] != key:
         with torch.no_grad():
             pw = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), ROWS_HINT)
-        ref = weakref.ref(weight, _forget(wid))
-        hit = (ref, key, pw)
+        hit = (weakref.ref(weight, _forget(wid)), key, pw, weight.detach())
         _PACKED[wid] = hit
     return hit[2]
 

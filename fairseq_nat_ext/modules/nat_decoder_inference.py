@@ -20,8 +20,11 @@ the states of a few positions only.  Here, with the same weights and the same ma
 :func:`supported` says whether a decoder's layers hold only what is implemented here (post- or
 pre-norm, any activation, learned or sinusoidal positions); layers with fairseq's other options
 (cross-self-attention, scaled heads/attention/fc/residuals, bias_kv, zero attention, xFormers) are
-not, and callers then keep the decoder's own forward.  Autograd is never needed here: this is for
-decoding only (training keeps fairseq's forward, whose dropout this path does not apply).
+not, and callers then keep the decoder's own forward.  Autograd is never needed here: it serves the
+decoders in eval mode without autograd -- decoding, validation, and the no-grad passes of a training
+step such as the Imputer's alignments (training's own forward keeps fairseq's layers and dropout).
+Weight caches (prepacked products, the stacked q/k/v) apply only inside the generators' decoding scope
+(:mod:`.cpu_linear`).
 """
 import torch
 import torch.nn.functional as F

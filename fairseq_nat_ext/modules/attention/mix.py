@@ -22,26 +22,30 @@ from .. import cpu_linear
 from .registry import AttentionOptions, build_attention
 
 
-#: attention module -> (version key, stacked q/k/v weight, stacked bias), for decoding (no autograd)
+#: attention module -> (key, stacked q/k/v weight, stacked bias), inside decoding scopes only
 _STACKED = weakref.WeakKeyDictionary()
+cpu_linear.register_clearer(_STACKED.clear)
 
 
 def stacked_qkv_weight(module):
     """``module``'s q_proj, k_proj and v_proj weights (and biases, or None) stacked into one (3C, C)
-    weight.  With autograd on, concatenated on every call (the gradient reaches the three weights);
-    without, cached per module and rebuilt when a parameter changed (in-place updates bump the
-    tensor's version), so decoding does not copy the weights at every call."""
+    weight.  Concatenated on every call (the gradient reaches the three weights), except inside a
+    caching decoding scope (``cpu_linear.decoding``, the generators), where it is cached per module
+    and rebuilt when a parameter's storage, version or shape changed."""
     lins = (module.q_proj, module.k_proj, module.v_proj)
-    params = [lin.weight for lin in lins] + [lin.bias for lin in lins if lin.bias is not None]
     has_bias = module.q_proj.bias is not None
-    if torch.is_grad_enabled():
+
+    def stack():
         return (torch.cat([lin.weight for lin in lins]),
                 torch.cat([lin.bias for lin in lins]) if has_bias else None)
-    key = tuple((p.data_ptr(), p._version) for p in params)
+
+    if not cpu_linear.caching():
+        return stack()
+    params = [lin.weight for lin in lins] + [lin.bias for lin in lins if lin.bias is not None]
+    key = tuple((p.data_ptr(), p._version, tuple(p.shape), p.dtype) for p in params)
     hit = _STACKED.get(module)
     if hit is None or hit[0] != key:
-        hit = (key, torch.cat([lin.weight for lin in lins]),
-               torch.cat([lin.bias for lin in lins]) if has_bias else None)
+        hit = (key, *stack(), [p.detach() for p in params])  # the old storages stay alive with the entry
         _STACKED[module] = hit
     return hit[1], hit[2]
 
