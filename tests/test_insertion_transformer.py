@@ -38,13 +38,7 @@ def test_loss_equals_explicit_per_slot_computation(model_task, tau):
         c = [x for x in canvas[b].tolist() if x != model.pad]
         t = [model.bos] + [x for x in s["target"][b].tolist() if x != model.pad]
         # canvas = subsequence of t; the oracle's tie rule embeds it as far right as possible
-        pos, j = [], len(c) - 1
-        for k in range(len(t) - 1, -1, -1):
-            if j >= 0 and t[k] == c[j]:
-                pos.append(k)
-                j -= 1
-        assert j == -1
-        pos.reverse()
+        pos = canvas_positions(c, t)
         for k in range(len(c) - 1):
             span = t[pos[k] + 1:pos[k + 1]]
             if not span:
