@@ -111,6 +111,11 @@ def cross_kv(decoder, encoder_out) -> dict:
             if layer.encoder_attn is not None}
 
 
+def shared_cross_kv(decoder, encoder_out) -> Optional[dict]:
+    """:func:`cross_kv` where :func:`supports_decoder` (the decoder's packed forward reads it), else None."""
+    return cross_kv(decoder, encoder_out) if supports_decoder(decoder) else None
+
+
 def select_kv(kv: Optional[dict], index: Tensor) -> Optional[dict]:
     """The shared keys / values of the sources ``index`` (as fairseq's ``reorder_encoder_out``)."""
     if kv is None:

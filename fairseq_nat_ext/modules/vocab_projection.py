@@ -59,20 +59,14 @@ def best_vocab_tokens(decoder, feats: Tensor, forbidden, block=BEST_TOKEN_BLOCK)
     M = feats.size(0)
     best_lp = torch.empty(M, dtype=torch.float, device=feats.device)
     best_tok = torch.empty(M, dtype=torch.long, device=feats.device)
-    if cpu_linear.usable(feats, W):
-        for a in range(0, M, block):
-            y = cpu_linear.linear(feats[a:a + block], W, b).float()  # (m, V)
-            kept = y[:, forbidden].clone()
-            y[:, forbidden] = float("-inf")
-            top, tok = y.max(1)
-            y[:, forbidden] = kept
-            mx = torch.maximum(top, kept.max(1).values)  # the largest logit, forbidden ones included
-            best_lp[a:a + block] = top - mx - torch.exp(y - mx.unsqueeze(1)).sum(1).log()
-            best_tok[a:a + block] = tok
-        return best_lp, best_tok
+    packed = cpu_linear.usable(feats, W)
     for a in range(0, M, block):
-        x = feats[a:a + block].t()
-        y = (torch.addmm(b.unsqueeze(1), W, x) if b is not None else torch.mm(W, x)).float()  # (V, m)
+        x = feats[a:a + block]
+        if packed:  # (m, V) from the prepacked product, read as its (V, m) transpose
+            y = cpu_linear.linear(x, W, b).float().t()
+        else:
+            y = torch.addmm(b.unsqueeze(1), W, x.t()) if b is not None else torch.mm(W, x.t())
+            y = y.float()  # (V, m)
         kept = y[forbidden].clone()
         y[forbidden] = float("-inf")
         top, tok = y.max(0)

@@ -47,7 +47,7 @@ class InsertionDecoder(FairseqNATDecoder):
     def shared_kv(self, encoder_out):
         """The cross-attentions' encoder keys / values, for the decoding rounds over the same sources
         (``kv`` of :meth:`forward_slots`); None where modules/packed.py does not apply."""
-        return packed.cross_kv(self, encoder_out) if packed.supports_decoder(self) else None
+        return packed.shared_cross_kv(self, encoder_out)
 
     def states(self, tokens, encoder_out, kv=None):
         """(B, T, C) decoder states.  In eval mode without autograd through modules/packed.py (the same

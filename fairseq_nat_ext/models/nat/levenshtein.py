@@ -59,7 +59,7 @@ class LevenshteinDecoder(FairseqNATDecoder):
     def shared_kv(self, encoder_out):
         """The cross-attentions' encoder keys / values for several passes over the same sources (None where
         the packed path does not apply)."""
-        return packed.cross_kv(self, encoder_out) if packed.supports_decoder(self) else None
+        return packed.shared_cross_kv(self, encoder_out)
 
     def states(self, tokens, encoder_out, kv=None):
         """(B, T, C) states; at padding zeros (packed path) or fairseq's unused values."""
