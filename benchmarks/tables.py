@@ -28,6 +28,9 @@ COLUMNS = [
     "speed b128 (sent/s)", "iterations", "repeat rate (%)", "train updates", "train time (h)",
     "output",
 ]
+# shown (after the repeat rate) only in a table with at least one row that has them (run --language-check)
+LANGUAGE_COLUMNS = ["wrong language (%)", "mixed language (%)"]
+LANGUAGE_KEYS = ("wrong_language_rate", "mixed_language_rate")
 DASH = "–"
 
 
@@ -40,10 +43,23 @@ def hyp_link(hyp, link_dir=None):
     return rel.replace(os.sep, "/")
 
 
-def _cells(row, link_dir=None):
+def _has_language_rates(rows):
+    return any(LANGUAGE_KEYS[0] in row for row in rows)
+
+
+def _columns(rows):
+    if not _has_language_rates(rows):
+        return COLUMNS
+    at = COLUMNS.index("repeat rate (%)") + 1
+    return COLUMNS[:at] + LANGUAGE_COLUMNS + COLUMNS[at:]
+
+
+def _cells(row, link_dir=None, language=False):
+    """The row's cells; ``language``: with the language-rate cells (– for a row without them)."""
     ref = row["system"] == REFERENCE_SYSTEM
     hyp = row["hyp"]
     link = f"[txt]({hyp_link(hyp, link_dir)})" if not ref and not os.path.isabs(hyp) else DASH
+    rates = [f"{100 * row[k]:.2f}" if k in row else DASH for k in LANGUAGE_KEYS] if language else []
     return [
         f"`{row['system']}`",
         DASH if ref else f"`{row['decoding']}`",
@@ -54,6 +70,7 @@ def _cells(row, link_dir=None):
         DASH if ref else f"{row['sent_per_s_b128']:.1f}",
         DASH if ref else f"{row['iterations']:.2f}",
         f"{100 * row['repeat_rate']:.2f}",
+        *rates,
         DASH if ref else str(row["train_updates"]),
         DASH if ref else f"{row['train_wall_s'] / 3600:.2f}",
         link,
@@ -62,7 +79,10 @@ def _cells(row, link_dir=None):
 
 def markdown_table(results, link_dir=None):
     """One benchmark as a Markdown section: heading, provenance lines, table (hypothesis links relative
-    to ``link_dir`` when given, see :func:`hyp_link`)."""
+    to ``link_dir`` when given, see :func:`hyp_link`).  The wrong- and mixed-language columns appear
+    when a row has those rates."""
+    language = _has_language_rates(results["rows"])
+    columns = _columns(results["rows"])
     lines = [
         f"### {results['benchmark']}",
         "",
@@ -71,11 +91,11 @@ def markdown_table(results, link_dir=None):
         f"- sacreBLEU: `{results['sacrebleu_signature']}`",
         f"- command: `{results['command']}`",
         "",
-        "| " + " | ".join(COLUMNS) + " |",
-        "| " + " | ".join(["---"] * 3 + ["---:"] * (len(COLUMNS) - 4) + ["---"]) + " |",
+        "| " + " | ".join(columns) + " |",
+        "| " + " | ".join(["---"] * 3 + ["---:"] * (len(columns) - 4) + ["---"]) + " |",
     ]
     for row in results["rows"]:
-        lines.append("| " + " | ".join(_cells(row, link_dir)) + " |")
+        lines.append("| " + " | ".join(_cells(row, link_dir, language)) + " |")
     return "\n".join(lines) + "\n"
 
 

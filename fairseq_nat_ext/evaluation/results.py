@@ -1,6 +1,6 @@
 """The results file: one JSON per benchmark, e.g. ``benchmarks/results/mask_predict.json``.
 
-Schema (exactly these keys, nothing else)::
+Schema (exactly these keys, nothing else, but the optional row keys below)::
 
     {"benchmark": str, "data": str, "hardware": str, "threads": int, "command": str,
      "sacrebleu_signature": str, "rows": [row, ...]}
@@ -8,6 +8,8 @@ Schema (exactly these keys, nothing else)::
     row = {"system": str, "decoding": str, "distilled": bool, "bleu": float, "tok_bleu": float,
            "latency_ms_b1": float, "sent_per_s_b128": float, "iterations": float,
            "repeat_rate": float, "train_updates": int, "train_wall_s": float, "hyp": str}
+    optional, both or neither (``run --language-check LANGS``, :mod:`.language_id`):
+          "wrong_language_rate": float, "mixed_language_rate": float
 
 * ``system``: the registered arch for this plugin's models (``mask_predict``), ``fairseq:<arch>`` for
   fairseq's built-ins (``fairseq:transformer``, ``fairseq:cmlm_transformer``), ``reference`` for the
@@ -16,6 +18,9 @@ Schema (exactly these keys, nothing else)::
   ``none`` for the reference row only.
 * ``bleu``/``tok_bleu`` in [0, 100]; ``repeat_rate`` is a fraction in [0, 1]; latency, throughput,
   iterations, train_updates and train_wall_s are >= 0.
+* ``wrong_language_rate``/``mixed_language_rate``: fractions in [0, 1] of the row's detokenised
+  hypotheses identified as a candidate language other than the target, and mixing two candidate
+  languages (:mod:`.language_id` defines both); absent when the run had no ``--language-check``.
 * ``hyp``: the committed hypothesis file ``benchmarks/results/<benchmark>/<file>`` where ``<file>``
   is :func:`hyp_filename` (``:`` replaced by ``_``; ``__distilled`` appended for rows of systems
   trained on distilled data, so that a raw and a distilled run of one system never share a file).
@@ -23,7 +28,8 @@ Schema (exactly these keys, nothing else)::
 
 The reference row (``--reference-row``) scores the reference against itself: ``bleu`` and
 ``tok_bleu`` 100.0, ``latency_ms_b1``, ``sent_per_s_b128``, ``iterations``, ``train_updates`` and
-``train_wall_s`` 0, ``distilled`` false; only its ``repeat_rate`` is informative.
+``train_wall_s`` 0, ``distilled`` false; only its ``repeat_rate`` (and the language rates, when
+given) is informative.
 
 Rows are keyed by (system, decoding, distilled): :func:`upsert_row` replaces the row with the same key
 (in place) and keeps every other row.
@@ -58,6 +64,10 @@ ROW_FIELDS = {
     "train_wall_s": float,
     "hyp": str,
 }
+OPTIONAL_ROW_FIELDS = {  # all or none of them
+    "wrong_language_rate": float,
+    "mixed_language_rate": float,
+}
 REFERENCE_SYSTEM = "reference"
 REFERENCE_DECODING = "none"
 _RANGES = {
@@ -69,6 +79,8 @@ _RANGES = {
     "iterations": (0.0, math.inf),
     "train_updates": (0, math.inf),
     "train_wall_s": (0.0, math.inf),
+    "wrong_language_rate": (0.0, 1.0),
+    "mixed_language_rate": (0.0, 1.0),
 }
 
 
@@ -90,17 +102,23 @@ def _type_ok(value, typ):
     return isinstance(value, typ)
 
 
-def _check_fields(obj, fields, where):
+def _check_fields(obj, fields, where, optional=None):
+    """Missing, unexpected and mistyped keys; ``optional``: keys that may be absent (all together)."""
     errors = []
+    optional = optional or {}
     if not isinstance(obj, dict):
         return [f"{where}: expected an object, got {type(obj).__name__}"]
     for key in fields:
         if key not in obj:
             errors.append(f"{where}: missing key {key!r}")
+    present = [key for key in optional if key in obj]
+    if present and len(present) != len(optional):
+        errors.append(f"{where}: {', '.join(repr(k) for k in present)} without "
+                      f"{', '.join(repr(k) for k in optional if k not in obj)}")
     for key in obj:
-        if key not in fields:
+        if key not in fields and key not in optional:
             errors.append(f"{where}: unexpected key {key!r}")
-    for key, typ in fields.items():
+    for key, typ in {**fields, **optional}.items():
         if key in obj and not _type_ok(obj[key], typ):
             errors.append(f"{where}.{key}: expected {typ.__name__}, got {obj[key]!r}")
     return errors
@@ -125,11 +143,11 @@ def row_key(row):
 
 def validate_row(row, where="row"):
     """List of problems with one row (empty when valid)."""
-    errors = _check_fields(row, ROW_FIELDS, where)
+    errors = _check_fields(row, ROW_FIELDS, where, OPTIONAL_ROW_FIELDS)
     if errors:
         return errors
     for key, (lo, hi) in _RANGES.items():
-        if not lo <= row[key] <= hi:
+        if key in row and not lo <= row[key] <= hi:
             errors.append(f"{where}.{key}: {row[key]} outside [{lo}, {hi}]")
     if not row["system"].strip():
         errors.append(f"{where}.system: empty")
@@ -214,8 +232,10 @@ def new_results(benchmark, data, hardware, threads, command, sacrebleu_signature
 
 
 def make_row(system, decoding, distilled, bleu, tok_bleu, latency_ms_b1, sent_per_s_b128,
-             iterations, repeat_rate, train_updates, train_wall_s, hyp):
-    """A row with the schema's types (floats rounded to 4 decimals for stable diffs)."""
+             iterations, repeat_rate, train_updates, train_wall_s, hyp, language_rates=None):
+    """A row with the schema's types (floats rounded to 4 decimals for stable diffs); ``language_rates``:
+    a dict with ``wrong_language_rate`` and ``mixed_language_rate`` (e.g. :func:`.language_id.language_rates`'s),
+    or None for a row without them."""
     row = {
         "system": str(system),
         "decoding": str(decoding),
@@ -230,6 +250,9 @@ def make_row(system, decoding, distilled, bleu, tok_bleu, latency_ms_b1, sent_pe
         "train_wall_s": round(float(train_wall_s), 1),
         "hyp": str(hyp),
     }
+    if language_rates is not None:
+        for key in OPTIONAL_ROW_FIELDS:
+            row[key] = round(float(language_rates[key]), 6)
     errors = validate_row(row)
     if errors:
         raise ResultsSchemaError("; ".join(errors))

@@ -17,6 +17,10 @@ Metrics: :mod:`.scoring` (BLEU, tokenised BLEU, repeat rate), :mod:`.timing` (la
 :mod:`.inference` (iterations).  ``--limit N`` benchmarks only the first N sentences (and the first N
 reference lines): for smoke tests, not for published numbers.
 
+``--language-check en,de,fr`` adds ``wrong_language_rate`` and ``mixed_language_rate`` to every row
+written (the reference row too): the shares of its detokenised hypotheses identified as another of
+those languages than ``--tgt-lang``, and mixing two of them (:mod:`.language_id`; needs py3langid).
+
 ``--valid-tune`` first decodes ``--valid-subset`` with every ``--decoding`` and logs its tokenised
 BLEU against the data-bin's own (BPE-removed) valid target, so decoding choices can be made on valid
 data; the scores go to ``<dir of --out>/<benchmark>/valid_tune.json`` (upserted per system, decoding
@@ -91,6 +95,9 @@ def build_parser():
     p.add_argument("--no-plot", action="store_true",
                    help="accepted for old scripts and ignored: this harness draws no plot (the repository's "
                    "python -m benchmarks.plot OUT.json draws <benchmark>.png)")
+    p.add_argument("--language-check", metavar="LANGS",
+                   help="candidate languages joined by commas (e.g. en,de,fr; --tgt-lang among them): every row "
+                        "written gets wrong_language_rate and mixed_language_rate of its hypotheses")
     p.add_argument("--command", help="text of the results' 'command' field")
     return p
 
@@ -132,6 +139,16 @@ def _check_args(p, args):
     args.generation_extra = extra
     if not os.path.isfile(args.raw_ref):
         p.error(f"--raw-ref {args.raw_ref}: no such file")
+    if args.language_check is not None:
+        from . import language_id
+
+        try:
+            args.language_check = language_id.parse_langs(args.language_check)
+            if args.tgt_lang not in args.language_check:
+                raise ValueError(f"--tgt-lang {args.tgt_lang} is not among its languages")
+            language_id.identifier(args.language_check)  # py3langid present, languages known: before decoding
+        except (ValueError, ImportError) as err:
+            p.error(f"--language-check: {err}")
 
 
 def _portable_paths(paths):
@@ -325,7 +342,7 @@ def benchmark_system(args, refs, tok_refs, save_row):
         row = res.make_row(
             name, d, args.distilled, scores.bleu, scores.tok_bleu, latency, speed,
             inf.mean_iterations(hyps, generator), scores.repeat_rate, updates, wall,
-            provenance.portable_path(hyp_file),
+            provenance.portable_path(hyp_file), _language_rates(args, scores.detok_hyps),
         )
         logger.info(
             "%s %s: BLEU %.2f (tok %.2f), %.1f ms/sent b1 (%d sent), %.1f sent/s b%d, "
@@ -369,13 +386,29 @@ def _check_info(info, args, model, d):
                              f"with --insertion-loss {trained}")
 
 
+def _language_rates(args, lines):
+    """:func:`.language_id.language_rates` of ``lines`` (target --tgt-lang), logged; None without
+    --language-check."""
+    if not getattr(args, "language_check", None):
+        return None
+    from .language_id import language_rates
+
+    rates = language_rates(lines, args.tgt_lang, args.language_check)
+    logger.info("language check (%s, target %s): wrong language %.2f%%, mixed %.2f%%, %d unidentified "
+                "of %d", ",".join(args.language_check), args.tgt_lang, 100 * rates["wrong_language_rate"],
+                100 * rates["mixed_language_rate"], rates["unidentified"], rates["sentences"])
+    return rates
+
+
 def reference_row(args, refs, tok_refs):
-    """The reference scored against itself: only repeat_rate is informative (see .results)."""
+    """The reference scored against itself: only repeat_rate (and the language rates
+    of --language-check) are informative (see .results)."""
     bleu = scoring.sacrebleu_score(refs, refs)
     tok = scoring.tokenized_bleu(tok_refs, tok_refs)
     row = res.make_row(
         res.REFERENCE_SYSTEM, res.REFERENCE_DECODING, False, bleu.score, tok.score, 0.0, 0.0,
         0.0, scoring.repeat_rate(tok_refs), 0, 0.0, _portable_paths(args.raw_ref),
+        _language_rates(args, refs),
     )
     logger.info("reference: repeat rate %.4f", row["repeat_rate"])
     return row, bleu.signature
