@@ -15,7 +15,7 @@ $(STAMP): setup.py
 	# fairseq-fixed = fairseq main + Python 3.11 fixes; compiled against the torch above
 	$(VPY) -c "import fairseq" 2>/dev/null || $(VPIP) install -q --no-build-isolation --no-deps fairseq-fixed==0.12.3.1
 	$(VPIP) install -q hydra-core==1.3.2 omegaconf==2.3.0 bitarray regex sacrebleu==2.4.3 scikit-learn tqdm cffi packaging \
-		sacremoses==0.1.1 pytest hypothesis matplotlib scipy elkai==2.0.1
+		sacremoses==0.1.1 pytest hypothesis matplotlib scipy elkai==2.0.1 py3langid==0.4.0
 	# word aligner of examples/fertility.sh (fertility NAT supervision)
 	$(VPIP) install -q eflomal==2.0.0
 	$(VPY) -c "import fastBPE" 2>/dev/null || $(VPIP) install -q --no-build-isolation fastbpe==0.1.0

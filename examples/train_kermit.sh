@@ -9,6 +9,10 @@
 # is the balanced-binary-tree temperature.  LAYERS defaults to 6 (one stack = the 3+3 models' depth);
 # INIT_FROM=AT.pt starts the stack from a 3+3 AT Transformer (encoder layers, then decoder layers).
 # Other overrides: those of examples/lib/train_nat.sh.  Resumes from SAVE_DIR/checkpoint_last.pt.
+# Multilingual: LANG_PAIRS=en-de,en-fr,de-fr (a data-bin of examples/prepare_multilingual.sh) trains one
+# model over every pair (no SRC/TGT); decode any direction with --lang-pairs and -s/-t, e.g.
+#   fairseq-generate DATA_BIN --user-dir fairseq_nat_ext --task kermit --lang-pairs en-de,en-fr,de-fr \
+#       -s fr -t de --path CKPT
 # Decoding both directions from the checkpoint:
 #   fairseq-generate DATA_BIN --user-dir fairseq_nat_ext --task kermit -s en -t de --path CKPT
 #   fairseq-generate DATA_BIN --user-dir fairseq_nat_ext --task kermit -s de -t en --path CKPT
@@ -19,7 +23,8 @@ DATA_BIN="$1"; SAVE_DIR="$2"; shift 2
 EXTRA=("$@")
 LAYERS="${LAYERS:-6}"
 ENCODER_ONLY=1
-SYS=(--task kermit -s "${SRC:-en}" -t "${TGT:-de}" --arch kermit --criterion kermit_loss
+if [[ -n "${LANG_PAIRS:-}" ]]; then DIRS=(--lang-pairs "$LANG_PAIRS"); else DIRS=(-s "${SRC:-en}" -t "${TGT:-de}"); fi
+SYS=(--task kermit "${DIRS[@]}" --arch kermit --criterion kermit_loss
      --kermit-modes "${MODES:-joint:1,x2y:1,y2x:1,x:1,y:1}" --insertion-tau "${TAU:-1.0}")
 NAT_EXTRA=()
 # shellcheck source=lib/train_nat.sh

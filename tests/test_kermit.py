@@ -231,7 +231,7 @@ def test_batch_decoding_when_the_longest_row_finishes_first(kermit, monkeypatch)
     d = task.target_dictionary
     pad, word = d.pad(), d.nspecial + 1
 
-    def fake_slots(tokens, which):  # long canvases stop, short ones grow
+    def fake_slots(tokens, which, langs=None):  # long canvases stop, short ones grow
         lp = torch.full((tokens.size(0), tokens.size(1) - 1, len(d)), -10.0)
         stop = tokens.ne(pad).sum(1) >= 10
         lp[stop, :, d.eos()] = 0.0

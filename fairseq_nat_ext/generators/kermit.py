@@ -13,7 +13,9 @@ side that is printed:
   apart or removed.
 
 Every round, each open slot takes its argmax token unless that is ``</s>`` (end of slot;
-``--iter-decode-eos-penalty`` is subtracted from its log-probability), all slots at once; a row
+``--iter-decode-eos-penalty`` is subtracted from its log-probability), all slots at once (with
+``--kermit-temperature T`` > 0 each slot draws its token from the softmax of its log-probabilities / T
+instead: sampling, for unconditional generation, whose argmax is one and the same output); a row
 stops when no slot inserts or after ``--iter-decode-max-iter`` rounds.  Neither side grows beyond the
 model's ``max_positions()`` (half of the ``--max-source-positions`` canvas, its ``</s>`` included: the
 longest side the model was trained on), so neither does the canvas; the insertions that would pass it
@@ -39,7 +41,7 @@ def right_pad(tokens, pad):
 
 class KermitGenerator:
     def __init__(self, models, tgt_dict, source_lang, target_lang, mode="translate", max_iter=10,
-                 eos_penalty=0.0, retain_history=False):
+                 eos_penalty=0.0, retain_history=False, x_lang=None, temperature=0.0):
         if len(models) != 1:
             raise InputError("kermit decoding does not support ensembles: pass one checkpoint to --path")
         if mode not in GENERATE_MODES:
@@ -47,14 +49,22 @@ class KermitGenerator:
         self.models = models
         self.tgt_dict = tgt_dict
         model = models[0]
-        x_lang = getattr(model.args, "kermit_x_lang", None)
+        x_lang = x_lang or getattr(model.args, "kermit_x_lang", None)
         self.target_is_x = target_lang is not None and target_lang == x_lang
+        # a multilingual model (--kermit-langs) embeds the language of each segment
+        self.lang_ids = None
+        if getattr(model, "langs", None):
+            y_lang = source_lang if self.target_is_x else target_lang
+            self.lang_ids = model.lang_ids(x_lang, y_lang)
         if mode == "translate" and source_lang == target_lang:
             raise InputError("kermit: --source-lang and --target-lang must differ for translation")
         self.mode = mode
         self.max_iter = max(1, int(max_iter))
         self.penalty = float(eos_penalty)
         self.retain_history = retain_history
+        self.temperature = float(temperature)
+        if self.temperature < 0:
+            raise InputError(f"--kermit-temperature must be >= 0, got {temperature}")
         self.pad, self.bos, self.eos, self.unk = tgt_dict.pad(), tgt_dict.bos(), tgt_dict.eos(), tgt_dict.unk()
         self.mask = model.mask_idx
         self.gap = tgt_dict.index(GAP_SYMBOL)
@@ -64,11 +74,13 @@ class KermitGenerator:
         self.banned = sorted({self.pad, self.bos, self.mask, self.unk, self.gap})
 
     @classmethod
-    def from_generation_args(cls, models, tgt_dict, args, source_lang, target_lang, mode="translate"):
+    def from_generation_args(cls, models, tgt_dict, args, source_lang, target_lang, mode="translate", x_lang=None,
+                             temperature=0.0):
         return cls(models, tgt_dict, source_lang, target_lang, mode=mode,
                    max_iter=getattr(args, "iter_decode_max_iter", 10),
                    eos_penalty=getattr(args, "iter_decode_eos_penalty", 0.0),
-                   retain_history=getattr(args, "retain_iter_history", False))
+                   retain_history=getattr(args, "retain_iter_history", False), x_lang=x_lang,
+                   temperature=temperature)
 
     # ----- canvases ----------------------------------------------------------------------------
     def initial(self, src):
@@ -164,10 +176,14 @@ class KermitGenerator:
 
     def _round(self, model, tokens, open_, scores):
         which = open_[:, :-1]  # only open slots can insert: the others skip the vocabulary projection
-        lp = model.slot_log_probs(tokens, which)  # (M, V)
+        lp = model.slot_log_probs(tokens, which, langs=self.lang_ids)  # (M, V)
         lp[:, self.banned] = float("-inf")
         lp[:, self.eos] -= self.penalty
-        top_lp, top = lp.max(-1)
+        if self.temperature > 0:
+            top = torch.multinomial(torch.softmax(lp / self.temperature, -1), 1).squeeze(1)
+            top_lp = lp.gather(1, top.unsqueeze(1)).squeeze(1)
+        else:
+            top_lp, top = lp.max(-1)
         best = torch.full(which.shape, self.eos, dtype=top.dtype, device=top.device).masked_scatter(which, top)
         best_lp = torch.zeros(which.shape, dtype=top_lp.dtype, device=top.device).masked_scatter(which, top_lp)
         ins = self._within_sides(tokens, best != self.eos)  # closed slots hold eos already

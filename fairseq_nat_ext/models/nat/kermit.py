@@ -17,6 +17,13 @@ side its loss; slots of given or absent sides have none.
 
 Decoding (``generators/kermit.py``): translation in either direction from one checkpoint (the side
 named by ``--source-lang`` is given), unconditional generation, and cloze infilling.
+
+Multilingual (``--lang-pairs en-de,en-fr,de-fr`` of task ``kermit``): one checkpoint over every pair;
+each canvas is one pair ``<s> a </s> b </s>`` (a before b as in ``--lang-pairs``), and a language
+embedding (``--kermit-langs``, one vector per language) is added to every position of a segment
+beside the segment embedding.  The five modes then cover both directions of every pair, and the
+marginals of every language.  A canvas holds two languages: three languages are generated as a
+joint pair followed by a conditional (``generators/kermit.py``).
 """
 
 import torch
@@ -56,6 +63,14 @@ def parse_modes(spec):
     if not weights or sum(weights.values()) <= 0:
         raise InputError(f"--kermit-modes: no mode with a positive weight in '{spec}'")
     return weights
+
+
+def parse_langs(spec):
+    """``"en,de,fr"`` -> ["en", "de", "fr"] (empty/None -> []); one-line error for a repeated name."""
+    langs = [s.strip() for s in str(spec or "").split(",") if s.strip()]
+    if len(set(langs)) != len(langs):
+        raise InputError(f"--kermit-langs: a language is repeated in '{spec}'")
+    return langs
 
 
 def pair_canvas(x, y, pad, bos):
@@ -111,6 +126,20 @@ class KermitModel(BaseFairseqModel):
 
         self.mask_idx = dictionary.index(MASK_SYMBOL)
         self.modes = parse_modes(args.kermit_modes)
+        self.langs = parse_langs(getattr(args, "kermit_langs", None))
+        if self.langs:
+            self.lang_embed = nn.Embedding(len(self.langs), d)
+            nn.init.normal_(self.lang_embed.weight, mean=0, std=d ** -0.5)
+
+    def lang_ids(self, x_lang, y_lang):
+        """Language names of the two segments -> their ids in ``--kermit-langs`` (one-line error)."""
+        out = []
+        for name in (x_lang, y_lang):
+            if name not in self.langs:
+                raise InputError(f"kermit: language '{name}' is not one of the model's --kermit-langs "
+                                 f"{','.join(self.langs)}")
+            out.append(self.langs.index(name))
+        return tuple(out)
 
     @staticmethod
     def add_args(parser):
@@ -134,6 +163,9 @@ class KermitModel(BaseFairseqModel):
                             help="balanced-binary-tree temperature (0 also means uniform)")
         parser.add_argument("--kermit-x-lang", type=str,
                             help="language of segment x (default: --source-lang at training)")
+        parser.add_argument("--kermit-langs", type=str,
+                            help="multilingual: the languages of the language embedding, comma-separated "
+                                 "(default: those of the task's --lang-pairs; none for a bilingual model)")
         add_attention_args(parser)
 
     @classmethod
@@ -144,6 +176,12 @@ class KermitModel(BaseFairseqModel):
             raise InputError("kermit: needs one joined dictionary (fairseq-preprocess --joined-dictionary)")
         if not getattr(args, "kermit_x_lang", None):
             args.kermit_x_lang = task.cfg.source_lang
+        task_langs = getattr(task, "langs", None)
+        if task_langs and not getattr(args, "kermit_langs", None):
+            args.kermit_langs = ",".join(task_langs)
+        if task_langs and not set(task_langs) <= set(parse_langs(args.kermit_langs)):
+            raise InputError(f"kermit: --kermit-langs {args.kermit_langs} lacks a language of --lang-pairs "
+                             f"({','.join(task_langs)})")
         embed = Embedding(len(d), args.encoder_embed_dim, d.pad())
         stack = bert_init(args, EfficientTransformerEncoder(args, d, embed))
         return cls(args, stack, d)
@@ -158,24 +196,33 @@ class KermitModel(BaseFairseqModel):
     def output_layer(self, h):
         return F.linear(h, self.stack.embed_tokens.weight)
 
-    def forward_slots(self, tokens, seg=None, normalize=False):
+    def forward_slots(self, tokens, seg=None, normalize=False, langs=None):
         """tokens (B, T) canvases -> (B, T-1, V) slot logits (``</s>`` = end of slot)."""
-        logits = self.output_layer(self.slot_states(tokens, seg))
+        logits = self.output_layer(self.slot_states(tokens, seg, langs))
         return F.log_softmax(logits.float(), -1) if normalize else logits
 
-    def slot_log_probs(self, tokens, which):
+    def slot_log_probs(self, tokens, which, langs=None):
         """Log-probabilities (M, V) of the slots ``which`` (B, T-1) bool only, in row-major order: the
         decoder asks for the open slots, the vocabulary projection skips the others."""
-        return F.log_softmax(self.output_layer(self.slot_states(tokens)[which]).float(), -1)
+        return F.log_softmax(self.output_layer(self.slot_states(tokens, langs=langs)[which]).float(), -1)
 
-    def slot_states(self, tokens, seg=None):
-        """tokens (B, T) canvases -> (B, T-1, D) slot representations (before the output layer)."""
+    def slot_states(self, tokens, seg=None, langs=None):
+        """tokens (B, T) canvases -> (B, T-1, D) slot representations (before the output layer).
+
+        ``langs``: a multilingual model's segment languages, ``(x_id, y_id)`` for the whole batch or
+        two (B,) tensors; required when the model has ``--kermit-langs``."""
         if seg is None:
             seg = segments_of(tokens, self.eos, self.pad)
         if tokens.size(1) > self.max_canvas():
             raise InputError(f"kermit: canvas of {tokens.size(1)} tokens exceeds --max-source-positions "
                              f"{self.max_canvas()} (x and y together)")
         emb = self.stack.embed_tokens(tokens) + self.segment_embed(seg)
+        if self.langs:
+            if langs is None:
+                raise InputError("kermit: a multilingual model (--kermit-langs) needs the languages of the "
+                                 "two segments (task kermit with --lang-pairs, or -s/-t)")
+            x_id, y_id = (torch.as_tensor(v, device=tokens.device).long().reshape(-1, 1) for v in langs)
+            emb = emb + self.lang_embed(torch.where(seg.bool(), y_id, x_id))
         out = self.stack(tokens, src_lengths=tokens.ne(self.pad).sum(1), token_embeddings=emb)
         h = out["encoder_out"][0].transpose(0, 1)  # (B, T, D)
         return self.slot_proj(torch.cat([h[:, :-1], h[:, 1:]], -1))
@@ -212,18 +259,22 @@ class KermitModel(BaseFairseqModel):
         keep = full.ne(pad) & (~gen_side | kept_gen)
         return full, keep, x_gen, y_gen
 
-    def forward(self, src_tokens, src_lengths, tgt_tokens, modes=None, **unused):
-        loss = self.insertion_loss(*self.training_canvases(src_tokens, tgt_tokens, modes))
+    def forward(self, src_tokens, src_lengths, tgt_tokens, modes=None, src_lang=None, tgt_lang=None, **unused):
+        langs = None if src_lang is None else (src_lang, tgt_lang)
+        if self.langs and langs is None:
+            raise InputError("kermit: a multilingual model (--kermit-langs) trains on task kermit with "
+                             "--lang-pairs (its batches carry the languages)")
+        loss = self.insertion_loss(*self.training_canvases(src_tokens, tgt_tokens, modes), langs=langs)
         return {"kermit": {"loss": loss, "nll_loss": loss.detach(), "factor": 1.0}}
 
-    def insertion_loss(self, full, keep, x_gen, y_gen):
+    def insertion_loss(self, full, keep, x_gen, y_gen, langs=None):
         """Mean over the trained slots (slots of generated sides) of the insertion loss of the canvas
         ``full[keep]``: oracle-weighted span cross-entropy, or -log p(end of slot) for a complete slot.
         The vocabulary distribution is computed for the trained slots only (a given or absent side's
         slots have no loss: about half the slots of a translation mode)."""
         canvas = delete_tokens(full, ~keep, self.pad, self.bos, self.eos)
         o = insertion_oracle(full, keep, self.pad, tau=span_tau(self.args))
-        states = self.slot_states(canvas)  # (B, S, D)
+        states = self.slot_states(canvas, langs=langs)  # (B, S, D)
         B, S = states.shape[:2]
         dev = states.device
         valid = torch.arange(S, device=dev).unsqueeze(0) < (canvas.ne(self.pad).sum(1) - 1).unsqueeze(1)
@@ -246,7 +297,7 @@ class KermitModel(BaseFairseqModel):
 @register_model_architecture("kermit", "kermit")
 def kermit_base(args):
     arch_defaults(args, kermit_modes="joint:1,x2y:1,y2x:1,x:1,y:1", insertion_loss="binary_tree", insertion_tau=1.0, dropout=0.3,
-                  apply_bert_init=True, max_source_positions=256, kermit_x_lang=None)
+                  apply_bert_init=True, max_source_positions=256, kermit_x_lang=None, kermit_langs=None)
     transformer_base_architecture(args)
 
 

@@ -1,0 +1,121 @@
+"""One caption in every language of a multilingual KERMIT checkpoint (task ``kermit --lang-pairs``).
+
+    python -m fairseq_nat_ext.generators.kermit_languages DATA_BIN CKPT [-n 5] [--temperature 1]
+        [--given fr [--subset test]] [--iter 10] [--eos-penalty 0] [--seed 1] [--cuda]
+
+* unconditional (no ``--given``): the first pair (a, b) of ``--lang-pairs`` is generated jointly from
+  empty canvases (p(a, b), mode ``joint``, each slot sampling at ``--temperature``), then every other
+  language c is translated from a (p(c | a), argmax);
+* from one language (``--given L``): the first ``-n`` sentences of L in ``--subset`` of DATA_BIN are
+  translated into every other language (p(t | L), argmax).
+
+Simplification, stated: a KERMIT canvas holds two segments (``<s> x </s> y </s>``), so three languages
+are not one joint draw p(a, b, c) but a joint pair followed by a conditional.  Output: one block per
+caption, ``L: text`` per language (BPE removed, Moses-detokenised).
+"""
+import argparse
+import sys
+
+import torch
+
+from ..compat import InputError
+from .kermit import KermitGenerator
+
+
+def _text(task, tokens, lang):
+    from sacremoses import MosesDetokenizer
+
+    d = task.target_dictionary
+    s = d.string(tokens[tokens.ne(d.eos())].cpu(), "@@ ")
+    return MosesDetokenizer(lang=lang).detokenize(s.split())
+
+
+def _rows(seqs, pad, eos):
+    """Right-padded (B, T) rows ``content </s>`` from 1-D token tensors (with or without </s>)."""
+    seqs = [s[s.ne(eos)] for s in seqs]
+    out = torch.full((len(seqs), max(len(s) for s in seqs) + 1), pad, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        out[i, :len(s)] = s
+        out[i, len(s)] = eos
+    return out
+
+
+def _generate(task, model, src, tgt, mode, rows, args):
+    gen = KermitGenerator([model], task.target_dictionary, src, tgt, mode=mode, max_iter=args.iter,
+                          eos_penalty=args.eos_penalty, x_lang=task.pair_of(src, tgt)[0],
+                          temperature=args.temperature if mode == "joint" else 0.0)
+    rows = rows.to(next(model.parameters()).device)
+    return [h[0] for h in gen.generate([model], {"net_input": {"src_tokens": rows, "src_lengths": None}})]
+
+
+def captions(data_bin, ckpt, n=5, given=None, subset="test", temperature=1.0, iters=10, eos_penalty=0.0,
+             seed=1, cuda=False):
+    """[{lang: text}] of ``n`` captions (see the module docstring)."""
+    from ..evaluation.inference import load_system
+
+    torch.manual_seed(seed)
+    probe = load_system(ckpt, data_bin, None, None, use_cuda=cuda)  # the checkpoint's --lang-pairs
+    pairs = getattr(probe.task, "pairs", None)
+    if not pairs:
+        raise InputError(f"{ckpt}: not a multilingual KERMIT checkpoint (task kermit with --lang-pairs)")
+    langs = probe.task.langs
+    model = probe.models[0]
+    args = argparse.Namespace(iter=iters, eos_penalty=eos_penalty, temperature=temperature)
+    d = probe.task.target_dictionary
+    pad, eos = d.pad(), d.eos()
+    out = [dict() for _ in range(n)]
+    task = probe.task
+    if given is None:
+        a, b = pairs[0]  # a is segment x: the printed side is b, "other_side" a
+        hyps = _generate(task, model, a, b, "joint", torch.full((n, 1), eos, dtype=torch.long), args)
+        first = [h["other_side"] for h in hyps]
+        for i, h in enumerate(hyps):
+            out[i][a], out[i][b] = _text(task, first[i], a), _text(task, h["tokens"], b)
+        source, src_lang, todo = first, a, [c for c in langs if c not in (a, b)]
+    else:
+        if given not in langs:
+            raise InputError(f"--given: '{given}' is not one of the checkpoint's languages {','.join(langs)}")
+        other = next(b if a == given else a for a, b in pairs if given in (a, b))
+        one_way = load_system(ckpt, data_bin, given, other).task  # reads the one pair of `given`
+        one_way.load_dataset(subset)
+        ds = one_way.dataset(subset)
+        source = [ds[i]["source"] for i in range(min(n, len(ds)))]
+        out = out[:len(source)]
+        for i, s in enumerate(source):
+            out[i][given] = _text(task, s, given)
+        src_lang, todo = given, [c for c in langs if c != given]
+    for c in todo:
+        hyps = _generate(task, model, src_lang, c, "translate", _rows(source, pad, eos), args)
+        for i, h in enumerate(hyps):
+            out[i][c] = _text(task, h["tokens"], c)
+    return [{lang: row[lang] for lang in langs} for row in out]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m fairseq_nat_ext.generators.kermit_languages",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("data_bin")
+    p.add_argument("ckpt")
+    p.add_argument("-n", type=int, default=5, help="captions (default 5)")
+    p.add_argument("--given", help="language of the given captions (default: unconditional)")
+    p.add_argument("--subset", default="test")
+    p.add_argument("--temperature", type=float, default=1.0, help="joint sampling temperature (0: argmax)")
+    p.add_argument("--iter", type=int, default=10)
+    p.add_argument("--eos-penalty", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--cuda", action="store_true")
+    a = p.parse_args(argv)
+    try:
+        rows = captions(a.data_bin, a.ckpt, a.n, a.given, a.subset, a.temperature, a.iter, a.eos_penalty, a.seed,
+                        a.cuda)
+    except InputError as err:
+        sys.exit(f"error: {err}")
+    for i, row in enumerate(rows):
+        print(f"# caption {i + 1}")
+        for lang, text in row.items():
+            print(f"{lang}: {text}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
