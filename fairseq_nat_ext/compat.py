@@ -48,6 +48,10 @@ before; ``docs/compat.md`` lists them with what loading the plugin changes.  Tar
    silently translates fewer sentences (3-sentence split: none) and validation skips sentences.  We
    keep that tail as one last, smaller batch, for every caller: evaluation loses nothing, and
    training no longer skips the same (longest) sentences every epoch.  Every other batch is unchanged.
+12. ``insertion_label_tau``: fairseq's ``insertion_transformer`` with ``--label-tau`` (binary-tree slot
+   weights) fails on its first batch (a float64 tensor of numpy weights scattered into float32
+   targets).  The weights are handed over as Python floats: float32 targets, the same values; without
+   ``--label-tau`` nothing changes.
 """
 import argparse
 import collections
@@ -556,6 +560,41 @@ def _reranker_reads_namedtuple():
     return source_contains(IterativeRefinementGenerator.rerank, "encoder_out.encoder_out")
 
 
+def _patch_insertion_label_tau():
+    """fairseq's ``insertion_transformer`` with ``--label-tau`` (binary-tree slot weights) crashes on every
+    batch: ``NegativeDistanceScore`` returns numpy float64 weights, ``_get_ins_targets`` turns them into a
+    float64 tensor and scatters it into a float32 one (``scatter(): Expected self.dtype to be equal to
+    src.dtype``).  The scorer's values are returned as Python floats, so the tensor is float32, as the
+    float32 targets it fills; ``--label-tau`` unset (uniform, ``1 / L``) is unchanged."""
+    from fairseq.models.nat import insertion_transformer as it
+
+    if getattr(it.neg_scorer, "_nat_ext_wrapped", False):
+        return
+    scorer = it.neg_scorer
+
+    class FloatScore:
+        _nat_ext_wrapped = True
+
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def __call__(self, i, L, tau):
+            return float(self.inner(i, L, tau))
+
+    it.neg_scorer = FloatScore(scorer)
+
+
+def _insertion_label_tau_breaks():
+    try:
+        from fairseq.models.nat import insertion_transformer as it
+    except ImportError:
+        return False
+    return source_contains(it._get_ins_targets, "torch.tensor(list(a), device=in_tokens.device)")
+
+
 def _torch_loads_weights_only():
     return hasattr(torch.serialization, "add_safe_globals")
 
@@ -602,6 +641,8 @@ SHIMS = (
          _patch_numpy_compat),
     Shim("keep_last_batch", "fairseq 0.12.x data_utils.batch_by_size", "fairseq",
          _batch_by_size_drops_tail, _patch_batch_by_size),
+    Shim("insertion_label_tau", "fairseq 0.12.x insertion_transformer --label-tau on torch >= 2", "fairseq",
+         _insertion_label_tau_breaks, _patch_insertion_label_tau),
     Shim("one_line_errors", "the plugin's own UserFacingError", "plugin", _always, _install_excepthook),
 )
 

@@ -228,3 +228,35 @@ def test_numpy_compat_long_for_fairseqs_token_block_dataset():
 
     ds = TokenBlockDataset(Listed(), Listed.sizes, block_size=None, pad=1, eos=2, break_mode="eos")
     assert [ds[i].tolist() for i in range(len(ds))] == [[4, 5, 2], [6, 2]]
+
+
+# ---- fairseq's insertion_transformer with --label-tau ------------------------------------------------
+
+def test_fairseq_insertion_label_tau_targets_are_the_binary_tree_weights():
+    """fairseq's _get_ins_targets with tau (--label-tau) crashed on a float64 scatter; with the shim its
+    float32 targets hold, for every slot, exp(-|k - (L-1)/2| / tau) normalised over the slot's L missing
+    tokens (written here as a plain loop), and tau=None keeps the uniform 1/L."""
+    import math
+
+    import fairseq_nat_ext  # noqa: F401
+    from fairseq.models.nat.insertion_transformer import _get_ins_targets
+
+    pad, unk, V = 1, 3, 12
+    inp = torch.tensor([[0, 5, 2, pad], [0, 2, pad, pad]])
+    out = torch.tensor([[0, 6, 5, 7, 8, 9, 2], [0, 10, 11, 2, pad, pad, pad]])
+    spans = {(0, 0): [6], (0, 1): [7, 8, 9], (1, 0): [10, 11]}  # (row, slot) -> tokens to insert
+    for tau in (1.0, 0.5, None):
+        got = _get_ins_targets(inp, out, pad, unk, V, tau=tau)
+        assert got.dtype == torch.float32
+        for (b, slot), toks in spans.items():
+            L = len(toks)
+            if tau is None:
+                w = [1 / L] * L
+            else:
+                raw = [math.exp(-abs(k - (L - 1) / 2) / tau) for k in range(L)]
+                w = [r / sum(raw) for r in raw]
+            expect = torch.zeros(V)
+            for k, t in enumerate(toks):
+                expect[t] += w[k]
+            assert torch.allclose(got[b, slot], expect, atol=1e-6), (tau, b, slot)
+        assert float(got[0, 2].sum()) == 0.0  # a complete slot has no insertion target

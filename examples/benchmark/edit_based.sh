@@ -11,7 +11,8 @@
 #   levenshtein                       iter=10                          distilled En->De
 #   fairseq:levenshtein_transformer   iter=10                          distilled En->De
 #   insertion                         iter=10,loss=binary_tree / loss=uniform, parallel decoding
-#   fairseq:insertion_transformer     iter=10
+#   fairseq:insertion_transformer     iter=10 (fs_ins: --label-tau unset, uniform slot weights);
+#                                     iter=10,loss=binary_tree (fs_ins_bt: trained with --label-tau)
 #   kermit                            iter=10,dir=en-de and iter=10,dir=de-en (raw data; De->En is
 #                                     scored against the raw English reference)
 # then the results section of docs/benchmarks.md is regenerated (and edit_based.png redrawn).
@@ -21,11 +22,11 @@
 #   RAW_DATA_BIN  raw data-bin for KERMIT (default $REPO/runs/m30k/data-bin)
 #   REF_EN        raw English reference for De->En (default the shared test_2016_flickr.en.gz)
 #   <SYS>_CKPT, <SYS>_TRAIN_LOG, <SYS>_UPDATES, <SYS>_WALL_S  (default $REPO/runs/<sys>/checkpoint_avg.pt
-#                 and the train.log beside it) for SYS in LEVT FS_LEVT INS_BT INS_UNI FS_INS KERMIT
+#                 and the train.log beside it) for SYS in LEVT FS_LEVT INS_BT INS_UNI FS_INS FS_INS_BT KERMIT
 #   ITER          --iter-decode-max-iter for every system (default 10)
 #   KERMIT_EOS_PENALTY_EN_DE, KERMIT_EOS_PENALTY_DE_EN  --iter-decode-eos-penalty of KERMIT's rows (default:
 #                 none; choose them on the validation split with fairseq_nat_ext.evaluation.tune_eos_penalty)
-#   SYSTEMS       subset of "levt fs_levt ins_bt ins_uni fs_ins kermit" (default: all)
+#   SYSTEMS       subset of "levt fs_levt ins_bt ins_uni fs_ins fs_ins_bt kermit" (default: all but fs_ins_bt)
 set -euo pipefail
 NAME=edit_based
 # shellcheck source=lib.sh
@@ -33,8 +34,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 RAW_DATA_BIN="${RAW_DATA_BIN:-$REPO/runs/m30k/data-bin}"
 REF_EN="${REF_EN:-$SHARED/data/multi30k/test_2016_flickr.en.gz}"
 ITER="${ITER:-10}"
-ALL_SYSTEMS="levt fs_levt ins_bt ins_uni fs_ins kermit"
-SYSTEMS="${SYSTEMS:-$ALL_SYSTEMS}"
+ALL_SYSTEMS="levt fs_levt ins_bt ins_uni fs_ins fs_ins_bt kermit"
+SYSTEMS="${SYSTEMS:-levt fs_levt ins_bt ins_uni fs_ins kermit}"
 # shellcheck disable=SC2086  # a list
 check_systems $ALL_SYSTEMS
 for s in $ALL_SYSTEMS; do  # default checkpoints: runs/<system>/checkpoint_avg.pt
@@ -72,6 +73,7 @@ want fs_levt && row fs_levt en de "$RAW_REF" "$DATA_BIN" --distilled "iter=$ITER
 want ins_bt && row ins_bt en de "$RAW_REF" "$DATA_BIN" --distilled "iter=$ITER,loss=binary_tree"
 want ins_uni && row ins_uni en de "$RAW_REF" "$DATA_BIN" --distilled "iter=$ITER,loss=uniform"
 want fs_ins && row fs_ins en de "$RAW_REF" "$DATA_BIN" --distilled "iter=$ITER"
+want fs_ins_bt && row fs_ins_bt en de "$RAW_REF" "$DATA_BIN" --distilled "iter=$ITER,loss=binary_tree"
 if want kermit; then  # one checkpoint, both directions, raw data
     pen_en_de="${KERMIT_EOS_PENALTY_EN_DE:+,eos_penalty=$KERMIT_EOS_PENALTY_EN_DE}"
     pen_de_en="${KERMIT_EOS_PENALTY_DE_EN:+,eos_penalty=$KERMIT_EOS_PENALTY_DE_EN}"

@@ -378,12 +378,16 @@ def _check_info(info, args, model, d):
         from ..models.nat.insertion import span_tau
 
         margs = getattr(model, "args", None)
-        if margs is None or not hasattr(margs, "insertion_tau"):
+        if margs is not None and hasattr(margs, "label_tau") and not hasattr(margs, "insertion_tau"):
+            # fairseq's insertion_transformer: --label-tau unset = uniform slot weights
+            trained = "uniform" if margs.label_tau is None else "binary_tree"
+        elif margs is None or not hasattr(margs, "insertion_tau"):
             raise SystemExit(f"error: decoding {d}: loss= names an insertion loss but the model has none")
-        trained = "uniform" if span_tau(margs) is None else "binary_tree"
+        else:
+            trained = "uniform" if span_tau(margs) is None else "binary_tree"
         if info["loss"] != trained:
             raise SystemExit(f"error: decoding {d}: loss={info['loss']} but the checkpoint was trained "
-                             f"with --insertion-loss {trained}")
+                             f"with {trained} slot weights (--insertion-loss / fairseq's --label-tau)")
 
 
 def _language_rates(args, lines):
