@@ -19,14 +19,43 @@ milliseconds per sentence spent in
 plus the decoder passes per sentence (calls of the decoder stack) and whether both modes gave the same
 hypotheses.  Timers wrap the modules (forward hooks) and the fast path's sublayer functions; their own
 cost lands in the component they time.  Run it on an otherwise idle machine.
+
+Matrix-product arithmetic (``--count-flops``) and its share of the time (``--profiler-share``), for any
+checkpoint and decoding the harness runs (``--decoding beam=5`` for the autoregressive teacher, whose
+generator has no ``fast_decoder`` switch: the per-pass timing above is then skipped, as with
+``--no-timing``)::
+
+    python -m benchmarks.nat_profile --data-bin DATA_BIN --path CKPT --decoding iter=10,len_beam=3 \
+        --sentences 100 --no-timing --count-flops --profiler-share --out FLOPS.json
+
+decode the first ``--sentences`` sentences at batch 1 once more and write ``flops`` (and
+``profiler_share``) into the JSON.  Counted products (:func:`counting_products`):
+
+* ``linear`` -- every product of activations with a weight matrix, x (..., in) @ W^T (out, in):
+  ``torch.nn.functional.linear`` (``nn.Linear`` modules, torch's multi-head attention's projections)
+  and the plugin's ``modules/cpu_linear.linear`` (its oneDNN prepacked products and ``cpu_linear.module``),
+  each call 2 * rows * out * in FLOPs, rows = x.numel() / in, the bias not counted.  A
+  ``cpu_linear.linear`` that falls back on ``F.linear`` counts once.  This is the definition of the
+  GFLOP numbers in docs/nat.md (Mask-Predict vs the teacher).
+* ``attention`` (apart; not in ``linear``) -- activation-by-activation products: ``F.scaled_dot_product_attention``
+  (2 * batch * L * S * (E + Ev): scores and weighted values) and ``torch.matmul`` / ``torch.bmm`` /
+  ``torch.baddbmm`` (2 * output elements * contracted dimension; fairseq's attention).  Products written
+  with the ``@`` operator, ``Tensor.matmul`` or ``torch.einsum`` are not seen (the decoders profiled here
+  use none at decoding time).
+
+Per sentence = total over the decoded sentences / sentences.  ``--profiler-share`` runs the same decode
+under ``torch.profiler`` with each counted call inside a ``record_function`` range and reports the
+time inside the ``linear`` (and ``attention``) calls as a share of the decode's wall time and of the
+profiler's total self CPU time.  The patched functions are restored on exit, also after an error.
 """
 import argparse
 import json
 import os
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
+import torch.nn.functional as F
 
 from fairseq_nat_ext.evaluation import decoding as dec
 from fairseq_nat_ext.evaluation import inference as inf
@@ -109,6 +138,129 @@ def instrumented(model, clock):
             setattr(owner, attr, original)
 
 
+PRODUCT_KINDS = ("linear", "attention")
+
+
+def _arg(args, kwargs, i, name):
+    return args[i] if len(args) > i else kwargs[name]
+
+
+def linear_flops(args, kwargs, out):
+    """2 * rows * out_features * in_features of ``linear(x, weight, bias)`` (the bias not counted)."""
+    x, w = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "weight")
+    rows = x.numel() // x.size(-1) if x.size(-1) else 0
+    return 2 * rows * (w.size(0) if w.dim() == 2 else 1) * w.size(-1)
+
+
+def matmul_flops(args, kwargs, out, first=0):
+    """2 * output elements * the contracted dimension (``matmul``, ``bmm``; ``baddbmm``: first=1)."""
+    a = _arg(args, kwargs, first, "batch1" if first else "input")
+    return 2 * out.numel() * a.size(-1)
+
+
+def sdpa_flops(args, kwargs, out):
+    """``scaled_dot_product_attention(q (..., L, E), k (..., S, E), v (..., S, Ev))``: the scores
+    (2 * batch * L * S * E) and the weighted values (2 * batch * L * S * Ev)."""
+    q, k, v = (_arg(args, kwargs, i, n) for i, n in enumerate(("query", "key", "value")))
+    rows = out.numel() // out.size(-1)  # batch * L
+    return 2 * rows * k.size(-2) * (q.size(-1) + v.size(-1))
+
+
+class ProductCounter:
+    """FLOPs and calls per kind of product (``linear``, ``attention``), see the module doc."""
+
+    def __init__(self):
+        self.flops = dict.fromkeys(PRODUCT_KINDS, 0)
+        self.calls = dict.fromkeys(PRODUCT_KINDS, 0)
+        self.depth = 0  # a counted product inside another (cpu_linear's F.linear fallback) counts once
+
+
+@contextmanager
+def counting_products(record=False):
+    """``with counting_products() as c: ...`` -> ``c.flops`` / ``c.calls`` per kind: patches
+    ``F.linear``, ``cpu_linear.linear``, ``F.scaled_dot_product_attention``, ``torch.matmul``,
+    ``torch.bmm`` and ``torch.baddbmm`` (module attributes, so every caller that looks them up at call
+    time is seen) and restores them on exit.  ``record``: each counted call also runs inside a
+    ``torch.profiler.record_function("nat_profile::<kind>")`` range."""
+    from fairseq_nat_ext.modules import cpu_linear
+
+    counter, patched = ProductCounter(), []
+
+    def patch(owner, attr, kind, flops):
+        original = getattr(owner, attr)
+
+        def wrapper(*args, **kwargs):
+            if counter.depth:
+                return original(*args, **kwargs)
+            counter.depth += 1
+            try:
+                with torch.profiler.record_function(f"nat_profile::{kind}") if record else nullcontext():
+                    out = original(*args, **kwargs)
+            finally:
+                counter.depth -= 1
+            counter.flops[kind] += flops(args, kwargs, out)
+            counter.calls[kind] += 1
+            return out
+
+        patched.append((owner, attr, original))
+        setattr(owner, attr, wrapper)
+
+    try:
+        patch(F, "linear", "linear", linear_flops)
+        patch(cpu_linear, "linear", "linear", linear_flops)
+        patch(F, "scaled_dot_product_attention", "attention", sdpa_flops)
+        patch(torch, "matmul", "attention", matmul_flops)
+        patch(torch, "bmm", "attention", matmul_flops)
+        patch(torch, "baddbmm", "attention", lambda a, k, o: matmul_flops(a, k, o, first=1))
+        yield counter
+    finally:
+        for owner, attr, original in reversed(patched):
+            setattr(owner, attr, original)
+
+
+def _sentences(batches):
+    return sum(len(b["id"]) for b in batches)
+
+
+def count_flops(system, generator, batches):
+    """Matrix-product GFLOP per sentence (and calls, decoder passes) decoding ``batches``."""
+    n = _sentences(batches)
+    with torch.no_grad(), counting_products() as c, inf.count_decoder_calls(system.models) as passes:
+        inf.decode(system.task, generator, system.models, batches)
+    out = {"sentences": n, "batch_size": max(len(b["id"]) for b in batches)}
+    for kind in PRODUCT_KINDS:
+        out[f"{kind}_gflop_per_sentence"] = round(c.flops[kind] / n / 1e9, 4)
+        out[f"{kind}_calls_per_sentence"] = round(c.calls[kind] / n, 2)
+    out["passes_per_sentence"] = round(passes.calls / n, 3)
+    return out
+
+
+def profiler_share(system, generator, batches):
+    """Share of the decode's time inside the counted products, under ``torch.profiler``."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    n = _sentences(batches)
+    with torch.no_grad(), counting_products(record=True) as c:
+        with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+            t0 = time.perf_counter()
+            inf.decode(system.task, generator, system.models, batches)
+            wall = time.perf_counter() - t0
+    events = prof.key_averages()
+    inside = {kind: 0.0 for kind in PRODUCT_KINDS}
+    for e in events:
+        if e.key.startswith("nat_profile::"):
+            inside[e.key.split("::", 1)[1]] += e.cpu_time_total / 1e6
+    self_cpu = sum(e.self_cpu_time_total for e in events) / 1e6
+    out = {"sentences": n, "ms_per_sentence_profiled": round(1000.0 * wall / n, 3),
+           "profiler_self_cpu_ms_per_sentence": round(1000.0 * self_cpu / n, 3)}
+    for kind in PRODUCT_KINDS:
+        out[f"{kind}_ms_per_sentence"] = round(1000.0 * inside[kind] / n, 3)
+        out[f"{kind}_share_of_wall"] = round(inside[kind] / wall, 4)
+        out[f"{kind}_share_of_self_cpu"] = round(inside[kind] / self_cpu, 4) if self_cpu else None
+        out[f"{kind}_gflop_per_s"] = round(c.flops[kind] / inside[kind] / 1e9, 2) if inside[kind] else None
+    return out
+
+
 def profile(system, generator, batches, n):
     clock = Clock()
     model = system.models[0]
@@ -140,20 +292,35 @@ def main(argv=None):
     p.add_argument("--limit", type=int, help="batched part: only the first N sentences of the split")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", required=True, help="results JSON (rewritten)")
+    p.add_argument("--count-flops", action="store_true",
+                   help="also count the matrix products' FLOPs per sentence at batch 1 (see the module doc)")
+    p.add_argument("--profiler-share", action="store_true",
+                   help="also measure, under torch.profiler, the share of the batch-1 time in those products")
+    p.add_argument("--no-timing", action="store_true",
+                   help="skip the per-pass component timing (slow/fast modes, batch 1 and --batch)")
     args = p.parse_args(argv)
     set_threads(args.threads)
     system = inf.load_system(args.path, args.data_bin, args.src_lang, args.tgt_lang)
     dataset = inf.load_split(system.task, args.split)
     options, _, _ = dec.split_options(dec.parse_decoding(args.decoding))
     generator = system.task.build_generator(system.models, dec.generation_options(options))
-    if not hasattr(generator, "fast_decoder"):
-        raise SystemExit(f"error: {type(generator).__name__} has no fast_decoder switch (Mask-Predict only)")
+    counts = args.count_flops or args.profiler_share
+    timing = not args.no_timing
+    if timing and not hasattr(generator, "fast_decoder"):
+        if not counts:
+            raise SystemExit(f"error: {type(generator).__name__} has no fast_decoder switch (Mask-Predict "
+                             "only); --count-flops / --profiler-share work for any generator")
+        print(f"{type(generator).__name__} has no fast_decoder switch: per-pass timing skipped", flush=True)
+        timing = False
     b1 = inf.make_batches(system.task, system.models, inf.prefix_dataset(dataset, args.sentences), 1)
     dataset = inf.prefix_dataset(dataset, args.limit)
-    big = inf.make_batches(system.task, system.models, dataset, args.batch)
     inf.decode(system.task, generator, system.models, b1[:10])  # warm-up
     results, same = {}, {}
-    for batches, n, key in ((b1, len(b1), "batch_1"), (big, len(dataset), f"batch_{args.batch}")):
+    runs = []
+    if timing:
+        big = inf.make_batches(system.task, system.models, dataset, args.batch)
+        runs = ((b1, len(b1), "batch_1"), (big, len(dataset), f"batch_{args.batch}"))
+    for batches, n, key in runs:
         hyps = {}
         for mode in ("slow", "fast"):
             generator.fast_decoder = mode == "fast"
@@ -163,8 +330,17 @@ def main(argv=None):
         same[key] = sum(hyps["slow"][i]["tokens"].tolist() == hyps["fast"][i]["tokens"].tolist()
                         for i in hyps["slow"])
     out = {"benchmark": "nat_profile", "checkpoint": os.path.relpath(args.path), "decoding": args.decoding,
-           "threads": args.threads, "sentences_batch_1": len(b1), "sentences": len(dataset),
-           "identical_hypotheses": same, "profiles": results}
+           "threads": args.threads, "sentences_batch_1": len(b1)}
+    if timing:
+        out.update({"sentences": len(dataset), "identical_hypotheses": same, "profiles": results})
+    if counts and hasattr(generator, "fast_decoder"):
+        out["fast_decoder"] = bool(generator.fast_decoder)
+    if args.count_flops:
+        out["flops"] = count_flops(system, generator, b1)
+        print(f"flops: {out['flops']}", flush=True)
+    if args.profiler_share:
+        out["profiler_share"] = profiler_share(system, generator, b1)
+        print(f"profiler_share: {out['profiler_share']}", flush=True)
     tmp = args.out + ".tmp"
     with open(tmp, "w") as f:
         json.dump(out, f, indent=1)
