@@ -44,15 +44,17 @@ decode the first ``--sentences`` sentences at batch 1 once more and write ``flop
   use none at decoding time).
 
 Per sentence = total over the decoded sentences / sentences.  ``--profiler-share`` runs the same decode
-under ``torch.profiler`` with each counted call inside a ``record_function`` range and reports the
-time inside the ``linear`` (and ``attention``) calls as a share of the decode's wall time and of the
-profiler's total self CPU time.  The patched functions are restored on exit, also after an error.
+under ``torch.profiler`` and reports the self CPU time of the products' kernels (``LINEAR_KERNELS``:
+oneDNN's prepacked product and MKL's ``addmm`` / ``mm``; ``ATTENTION_KERNELS``) as a share of the
+profiler's total self CPU time (its table's Self CPU % summed; the docs' "58 %" is this share of
+``mkldnn::_linear_pointwise`` alone) and of the decode's wall time, the kernels' GFLOP/s, and the ten
+largest kernels' shares.  The patched functions are restored on exit, also after an error.
 """
 import argparse
 import json
 import os
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -140,6 +142,12 @@ def instrumented(model, clock):
 
 PRODUCT_KINDS = ("linear", "attention")
 
+#: the CPU kernels of ``linear`` products in torch's profiler (oneDNN's prepacked product, MKL's)
+LINEAR_KERNELS = ("mkldnn::_linear_pointwise", "aten::addmm", "aten::mm")
+#: the CPU kernels of ``attention`` products (the fused attention of ``scaled_dot_product_attention``,
+#: fairseq's ``bmm``s)
+ATTENTION_KERNELS = ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::bmm", "aten::baddbmm")
+
 
 def _arg(args, kwargs, i, name):
     return args[i] if len(args) > i else kwargs[name]
@@ -176,12 +184,11 @@ class ProductCounter:
 
 
 @contextmanager
-def counting_products(record=False):
+def counting_products():
     """``with counting_products() as c: ...`` -> ``c.flops`` / ``c.calls`` per kind: patches
     ``F.linear``, ``cpu_linear.linear``, ``F.scaled_dot_product_attention``, ``torch.matmul``,
     ``torch.bmm`` and ``torch.baddbmm`` (module attributes, so every caller that looks them up at call
-    time is seen) and restores them on exit.  ``record``: each counted call also runs inside a
-    ``torch.profiler.record_function("nat_profile::<kind>")`` range."""
+    time is seen) and restores them on exit."""
     from fairseq_nat_ext.modules import cpu_linear
 
     counter, patched = ProductCounter(), []
@@ -194,8 +201,7 @@ def counting_products(record=False):
                 return original(*args, **kwargs)
             counter.depth += 1
             try:
-                with torch.profiler.record_function(f"nat_profile::{kind}") if record else nullcontext():
-                    out = original(*args, **kwargs)
+                out = original(*args, **kwargs)
             finally:
                 counter.depth -= 1
             counter.flops[kind] += flops(args, kwargs, out)
@@ -236,28 +242,27 @@ def count_flops(system, generator, batches):
 
 
 def profiler_share(system, generator, batches):
-    """Share of the decode's time inside the counted products, under ``torch.profiler``."""
+    """Shares of the profiler's self CPU time in the products' kernels while decoding ``batches``."""
     from torch.profiler import ProfilerActivity, profile as torch_profile
 
     n = _sentences(batches)
-    with torch.no_grad(), counting_products(record=True) as c:
+    with torch.no_grad(), counting_products() as c:  # plain wrappers: no profiler events of their own
         with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
             t0 = time.perf_counter()
             inf.decode(system.task, generator, system.models, batches)
             wall = time.perf_counter() - t0
     events = prof.key_averages()
-    inside = {kind: 0.0 for kind in PRODUCT_KINDS}
-    for e in events:
-        if e.key.startswith("nat_profile::"):
-            inside[e.key.split("::", 1)[1]] += e.cpu_time_total / 1e6
     self_cpu = sum(e.self_cpu_time_total for e in events) / 1e6
     out = {"sentences": n, "ms_per_sentence_profiled": round(1000.0 * wall / n, 3),
-           "profiler_self_cpu_ms_per_sentence": round(1000.0 * self_cpu / n, 3)}
-    for kind in PRODUCT_KINDS:
-        out[f"{kind}_ms_per_sentence"] = round(1000.0 * inside[kind] / n, 3)
-        out[f"{kind}_share_of_wall"] = round(inside[kind] / wall, 4)
-        out[f"{kind}_share_of_self_cpu"] = round(inside[kind] / self_cpu, 4) if self_cpu else None
-        out[f"{kind}_gflop_per_s"] = round(c.flops[kind] / inside[kind] / 1e9, 2) if inside[kind] else None
+           "self_cpu_ms_per_sentence": round(1000.0 * self_cpu / n, 3)}
+    for kind, names in (("linear", LINEAR_KERNELS), ("attention", ATTENTION_KERNELS)):
+        sec = sum(e.self_cpu_time_total for e in events if e.key in names) / 1e6
+        out[f"{kind}_kernels_ms_per_sentence"] = round(1000.0 * sec / n, 3)
+        out[f"{kind}_kernels_share_of_self_cpu"] = round(sec / self_cpu, 4) if self_cpu else None
+        out[f"{kind}_kernels_share_of_wall"] = round(sec / wall, 4)
+        out[f"{kind}_kernels_gflop_per_s"] = round(c.flops[kind] / sec / 1e9, 2) if sec else None
+    out["top_self_cpu"] = [[e.key, round(e.self_cpu_time_total / 1e6 / self_cpu, 4)] for e in
+                           sorted(events, key=lambda e: -e.self_cpu_time_total)[:10]] if self_cpu else []
     return out
 
 
