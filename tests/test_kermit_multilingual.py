@@ -101,12 +101,14 @@ def test_batches_carry_each_rows_languages(multi_bin):
     batch = ds.collater([ds[i] for i in idx])
     pad = task.source_dictionary.pad()
     net = batch["net_input"]
+    assert sorted(batch["id"].tolist()) == sorted(idx)  # ids unique over the pairs
+    pair_order = [tuple(p.split("-")) for p in PAIRS.split(",")]
     seen = set()
     for r in range(len(idx)):
         a, b = LANGS[int(net["src_lang"][r])], LANGS[int(net["tgt_lang"][r])]
         seen.add((a, b))
         src_ds, tgt_ds = files[(a, b)]
-        i = int(batch["id"][r])
+        i = int(batch["id"][r]) - 30 * pair_order.index((a, b))  # 30 valid sentences per pair
         src = net["src_tokens"][r]
         tgt = batch["target"][r]
         assert src[src.ne(pad)].tolist() == src_ds[i].tolist()
@@ -119,6 +121,25 @@ def test_batches_carry_each_rows_languages(multi_bin):
     assert inputs["src_lang"].tolist() == net["src_lang"].tolist()
     out = model(**inputs)
     assert torch.isfinite(out["kermit"]["loss"])
+    # training: the row's source is segment x with its src_lang, the target segment y with its tgt_lang
+    seen_calls = []
+    real = model.slot_states
+
+    def spy(tokens, seg=None, langs=None):
+        seen_calls.append((tokens, langs))
+        return real(tokens, seg, langs)
+
+    model.slot_states = spy
+    B = len(idx)
+    given_x = (torch.zeros(B, dtype=torch.bool), torch.ones(B, dtype=torch.bool),
+               torch.ones(B, dtype=torch.bool), torch.ones(B, dtype=torch.bool))  # mode x2y: x whole
+    model(**inputs, modes=given_x)
+    canvas, langs = seen_calls[-1]
+    assert langs[0].tolist() == net["src_lang"].tolist() and langs[1].tolist() == net["tgt_lang"].tolist()
+    for r in range(B):
+        src = net["src_tokens"][r]
+        content = src[src.ne(pad)]  # x </s>
+        assert canvas[r, 1:1 + len(content)].tolist() == content.tolist()
 
 
 def test_language_embedding_is_a_per_segment_vector(multi_bin):
@@ -184,6 +205,17 @@ def test_cli_train_then_every_direction(multi_bin, tmp_path):
     bad = run_cli(["fairseq-generate", data_bin, "--user-dir", PLUGIN_DIR, "--task", "kermit",
                    "--lang-pairs", "aa-bb", "-s", "bb", "-t", "cc", "--path", ckpt], check=False)
     assert bad.returncode != 0 and "not a direction of --lang-pairs" in bad.stderr
+    # the checkpoint keeps its pairs: -s/-t alone decode as with --lang-pairs; a pair written the other
+    # way round is refused (it would swap the segments)
+    def hyps(*extra):
+        g = run_cli(["fairseq-generate", data_bin, "--user-dir", PLUGIN_DIR, "--task", "kermit", "-s", "cc",
+                     "-t", "aa", "--path", ckpt, "--max-tokens", "800", "--iter-decode-max-iter", "3", *extra])
+        return sorted(line for line in g.stdout.splitlines() if line.startswith("H-"))
+
+    assert hyps() == hyps("--lang-pairs", PAIRS)
+    bad = run_cli(["fairseq-generate", data_bin, "--user-dir", PLUGIN_DIR, "--task", "kermit",
+                   "--lang-pairs", "aa-bb,cc-aa,bb-cc", "-s", "cc", "-t", "aa", "--path", ckpt], check=False)
+    assert bad.returncode != 0 and "differently from training" in bad.stderr
 
 
 def test_multilingual_transformer_recipe(multi_bin, tmp_path):

@@ -35,7 +35,7 @@ class LanguageTaggedDataset(BaseWrapperDataset):
         if len(samples) == 0:
             return {}
         # collate sorts the samples by length and reports their order through "id": give each sample
-        # its list position as id, so that the languages (and the true ids) follow the same order
+        # its list position as id, so that the languages (and the ids given) follow the same order
         ids = [s["id"] for s in samples]
         renumbered = [dict(s, id=j) for j, s in enumerate(samples)]
         batch = self.dataset.collater(renumbered, **extra_args)
@@ -52,6 +52,11 @@ class MultiPairDataset(ConcatDataset):
     """Language-pair datasets concatenated, batched like one ``LanguagePairDataset``: shuffled, then
     ordered by target and source length (fairseq's ``ConcatDataset`` orders without shuffling, so
     equal-length batches would hold one pair each), and filtered by both sides' sizes."""
+
+    def __getitem__(self, idx):
+        item = super().__getitem__(idx)
+        item["id"] = idx  # the parts number their items from 0: ids unique over the concatenation
+        return item
 
     def __init__(self, datasets, shuffle=True):
         super().__init__(datasets)

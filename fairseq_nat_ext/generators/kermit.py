@@ -26,7 +26,7 @@ import torch
 
 from ..compat import InputError
 from ..models.nat.edit_ops import fill_placeholders, insert_placeholders, pad_to, spread_scores, trim
-from ..models.nat.kermit import absent_like, first_eos, pair_canvas
+from ..models.nat.kermit import absent_like, first_eos, pair_canvas, parse_lang_pairs
 from ..modules import cpu_linear
 
 GAP_SYMBOL = "<gap>"
@@ -49,13 +49,15 @@ class KermitGenerator:
         self.models = models
         self.tgt_dict = tgt_dict
         model = models[0]
-        x_lang = x_lang or getattr(model.args, "kermit_x_lang", None)
-        self.target_is_x = target_lang is not None and target_lang == x_lang
-        # a multilingual model (--kermit-langs) embeds the language of each segment
         self.lang_ids = None
         if getattr(model, "langs", None):
-            y_lang = source_lang if self.target_is_x else target_lang
-            self.lang_ids = model.lang_ids(x_lang, y_lang)
+            # multilingual: x is the first language of the direction's pair, as the model was trained
+            x_lang = self._trained_x_lang(model, source_lang, target_lang, x_lang)
+            self.target_is_x = target_lang == x_lang
+            self.lang_ids = model.lang_ids(x_lang, source_lang if self.target_is_x else target_lang)
+        else:  # bilingual: x is the model's training source language (the task's pairs do not apply)
+            x_lang = getattr(model.args, "kermit_x_lang", None)
+            self.target_is_x = target_lang is not None and target_lang == x_lang
         if mode == "translate" and source_lang == target_lang:
             raise InputError("kermit: --source-lang and --target-lang must differ for translation")
         self.mode = mode
@@ -72,6 +74,26 @@ class KermitGenerator:
         self.max_len = model.max_canvas()
         self.side_max = model.max_positions()  # (x, y), </s> included
         self.banned = sorted({self.pad, self.bos, self.mask, self.unk, self.gap})
+
+    @staticmethod
+    def _trained_x_lang(model, source_lang, target_lang, task_x_lang):
+        """The x language of a multilingual model for source->target: from the pairs stored in the model
+        (the training --lang-pairs), else from the decoding task's --lang-pairs (checkpoints trained
+        before the model stored them); one-line errors when neither is known or they disagree."""
+        pairs = parse_lang_pairs(getattr(model.args, "kermit_lang_pairs", None))
+        pair = next((p for p in pairs if set(p) == {source_lang, target_lang}), None)
+        if pairs and pair is None:
+            raise InputError(f"kermit: -s {source_lang} -t {target_lang} is not a direction of the model's "
+                             f"--lang-pairs {model.args.kermit_lang_pairs}")
+        if pair is not None:
+            if task_x_lang is not None and task_x_lang != pair[0]:
+                raise InputError(f"kermit: --lang-pairs orders {source_lang}/{target_lang} differently from "
+                                 f"training ({model.args.kermit_lang_pairs}): decode with the training string")
+            return pair[0]
+        if task_x_lang is None:
+            raise InputError("kermit: a multilingual checkpoint decodes with --lang-pairs (the training "
+                             "string) and -s/-t")
+        return task_x_lang
 
     @classmethod
     def from_generation_args(cls, models, tgt_dict, args, source_lang, target_lang, mode="translate", x_lang=None,

@@ -21,6 +21,7 @@ from fairseq.tasks import register_task
 
 from ..compat import InputError
 from ..data.language_tagged import LanguageTaggedDataset, MultiPairDataset
+from ..models.nat.kermit import pair_languages, parse_lang_pairs
 from ..generators.kermit import GAP_SYMBOL, GENERATE_MODES, KermitGenerator
 from .nat_translation import NATTranslationConfig, NATTranslationTask
 
@@ -47,24 +48,6 @@ class KermitConfig(NATTranslationConfig):
     )
 
 
-def parse_lang_pairs(spec):
-    """``"en-de,en-fr"`` -> [("en", "de"), ("en", "fr")]; one-line errors name the option."""
-    pairs = []
-    for item in filter(None, (s.strip() for s in str(spec or "").split(","))):
-        a, sep, b = item.partition("-")
-        if not sep or not a or not b or "-" in b or a == b:
-            raise InputError(f"--lang-pairs: '{item}' is not a pair of two languages like en-de")
-        if (a, b) in pairs or (b, a) in pairs:
-            raise InputError(f"--lang-pairs: the pair {item} is given twice")
-        pairs.append((a, b))
-    return pairs
-
-
-def pair_languages(pairs):
-    """The languages of ``pairs`` in order of first appearance."""
-    return list(dict.fromkeys(lang for pair in pairs for lang in pair))
-
-
 @register_task("kermit", dataclass=KermitConfig)
 class KermitTask(NATTranslationTask):
     cfg: KermitConfig
@@ -77,6 +60,11 @@ class KermitTask(NATTranslationTask):
         self.pairs = parse_lang_pairs(cfg.lang_pairs)
         self.langs = pair_languages(self.pairs)
         self.multi = bool(self.pairs) and cfg.source_lang is None
+        if self.multi and getattr(cfg, "eval_bleu", False):
+            raise InputError("kermit --lang-pairs without -s/-t trains on every pair: --eval-bleu needs one "
+                             "direction (score the directions after training, e.g. examples/benchmark/multilingual.sh)")
+        if self.multi and getattr(cfg, "fertility_path", None):
+            raise InputError("kermit --lang-pairs: --fertility-path is for one language pair (nat_fertility)")
         if self.pairs and not self.multi:
             self.x_lang = self.pair_of(cfg.source_lang, cfg.target_lang)[0]
 

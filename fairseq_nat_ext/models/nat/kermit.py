@@ -73,6 +73,24 @@ def parse_langs(spec):
     return langs
 
 
+def parse_lang_pairs(spec):
+    """``"en-de,en-fr"`` -> [("en", "de"), ("en", "fr")]; one-line errors name the option."""
+    pairs = []
+    for item in filter(None, (s.strip() for s in str(spec or "").split(","))):
+        a, sep, b = item.partition("-")
+        if not sep or not a or not b or "-" in b or a == b:
+            raise InputError(f"--lang-pairs: '{item}' is not a pair of two languages like en-de")
+        if (a, b) in pairs or (b, a) in pairs:
+            raise InputError(f"--lang-pairs: the pair {item} is given twice")
+        pairs.append((a, b))
+    return pairs
+
+
+def pair_languages(pairs):
+    """The languages of ``pairs`` in order of first appearance."""
+    return list(dict.fromkeys(lang for pair in pairs for lang in pair))
+
+
 def pair_canvas(x, y, pad, bos):
     """x (B, Sx), y (B, Sy): right-padded ``content </s>`` (an absent side is just ``</s>``) ->
     (tokens (B, T) ``<s> x </s> y </s>`` right-padded, seg (B, T) 0/1, sep (B,) index of the middle
@@ -163,6 +181,9 @@ class KermitModel(BaseFairseqModel):
                             help="balanced-binary-tree temperature (0 also means uniform)")
         parser.add_argument("--kermit-x-lang", type=str,
                             help="language of segment x (default: --source-lang at training)")
+        parser.add_argument("--kermit-lang-pairs", type=str,
+                            help="multilingual: the training --lang-pairs (set by the task; decoding reads the "
+                                 "direction's segment order from it)")
         parser.add_argument("--kermit-langs", type=str,
                             help="multilingual: the languages of the language embedding, comma-separated "
                                  "(default: those of the task's --lang-pairs; none for a bilingual model)")
@@ -174,14 +195,15 @@ class KermitModel(BaseFairseqModel):
         d = task.source_dictionary
         if task.target_dictionary is not None and len(task.target_dictionary) != len(d):
             raise InputError("kermit: needs one joined dictionary (fairseq-preprocess --joined-dictionary)")
-        if not getattr(args, "kermit_x_lang", None):
-            args.kermit_x_lang = task.cfg.source_lang
-        task_langs = getattr(task, "langs", None)
-        if task_langs and not getattr(args, "kermit_langs", None):
-            args.kermit_langs = ",".join(task_langs)
-        if task_langs and not set(task_langs) <= set(parse_langs(args.kermit_langs)):
-            raise InputError(f"kermit: --kermit-langs {args.kermit_langs} lacks a language of --lang-pairs "
-                             f"({','.join(task_langs)})")
+        if getattr(task, "multi", False):  # training over every pair: the model keeps its pairs and languages
+            args.kermit_lang_pairs = task.cfg.lang_pairs
+            if not getattr(args, "kermit_langs", None):
+                args.kermit_langs = ",".join(task.langs)
+            if not set(task.langs) <= set(parse_langs(args.kermit_langs)):
+                raise InputError(f"kermit: --kermit-langs {args.kermit_langs} lacks a language of --lang-pairs "
+                                 f"({','.join(task.langs)})")
+        elif not getattr(args, "kermit_x_lang", None) and not getattr(args, "kermit_langs", None):
+            args.kermit_x_lang = task.cfg.source_lang  # bilingual: x is the training source language
         embed = Embedding(len(d), args.encoder_embed_dim, d.pad())
         stack = bert_init(args, EfficientTransformerEncoder(args, d, embed))
         return cls(args, stack, d)
@@ -297,7 +319,8 @@ class KermitModel(BaseFairseqModel):
 @register_model_architecture("kermit", "kermit")
 def kermit_base(args):
     arch_defaults(args, kermit_modes="joint:1,x2y:1,y2x:1,x:1,y:1", insertion_loss="binary_tree", insertion_tau=1.0, dropout=0.3,
-                  apply_bert_init=True, max_source_positions=256, kermit_x_lang=None, kermit_langs=None)
+                  apply_bert_init=True, max_source_positions=256, kermit_x_lang=None, kermit_langs=None,
+                  kermit_lang_pairs=None)
     transformer_base_architecture(args)
 
 
