@@ -451,7 +451,7 @@ def test_descriptive_keys_are_checked_against_the_run():
     _check_info({"dir": "de-en", "loss": "binary_tree"}, run, model, "d")
     with pytest.raises(SystemExit, match="dir=en-de but the run decodes de-en"):
         _check_info({"dir": "en-de"}, run, model, "d")
-    with pytest.raises(SystemExit, match="loss=uniform but the checkpoint was trained with --insertion-loss binary_tree"):
+    with pytest.raises(SystemExit, match="loss=uniform but the checkpoint was trained with binary_tree slot weights"):
         _check_info({"loss": "uniform"}, run, model, "d")
     model.args.insertion_tau = 0.0
     _check_info({"loss": "uniform"}, run, model, "d")

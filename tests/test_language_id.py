@@ -198,6 +198,8 @@ def _as_en_de(toy_bin, dest):
     """The toy data-bin (src -> tgt) under the language names en -> de (same dictionaries)."""
     dest.mkdir()
     for name in os.listdir(toy_bin):
+        if not os.path.isfile(os.path.join(toy_bin, name)):
+            continue  # other tests add folders (e.g. fertility/) to the shared toy data-bin
         new = name.replace("src-tgt", "en-de").replace(".src.", ".en.").replace(".tgt.", ".de.")
         shutil.copy(os.path.join(toy_bin, name), dest / new)
     return dest
