@@ -17,6 +17,7 @@ import argparse
 import sys
 
 import torch
+from fairseq.data import data_utils
 
 from ..compat import InputError
 from .kermit import KermitGenerator
@@ -28,16 +29,6 @@ def _text(task, tokens, lang):
     d = task.target_dictionary
     s = d.string(tokens[tokens.ne(d.eos())].cpu(), "@@ ")
     return MosesDetokenizer(lang=lang).detokenize(s.split())
-
-
-def _rows(seqs, pad, eos):
-    """Right-padded (B, T) rows ``content </s>`` from 1-D token tensors (with or without </s>)."""
-    seqs = [s[s.ne(eos)] for s in seqs]
-    out = torch.full((len(seqs), max(len(s) for s in seqs) + 1), pad, dtype=torch.long)
-    for i, s in enumerate(seqs):
-        out[i, :len(s)] = s
-        out[i, len(s)] = eos
-    return out
 
 
 def _generate(task, model, src, tgt, mode, rows, args):
@@ -85,7 +76,8 @@ def captions(data_bin, ckpt, n=5, given=None, subset="test", temperature=1.0, it
             out[i][given] = _text(task, s, given)
         src_lang, todo = given, [c for c in langs if c != given]
     for c in todo:
-        hyps = _generate(task, model, src_lang, c, "translate", _rows(source, pad, eos), args)
+        rows = data_utils.collate_tokens(source, pad)  # each ends with its </s>: right-padded rows
+        hyps = _generate(task, model, src_lang, c, "translate", rows, args)
         for i, h in enumerate(hyps):
             out[i][c] = _text(task, h["tokens"], c)
     return [{lang: row[lang] for lang in langs} for row in out]
