@@ -339,8 +339,11 @@ def _plugin_root():
     return __name__.split(".")[0]
 
 
-def legacy_namespace(model_cls, arch, cfg):
-    """The argparse namespace fairseq-train builds for a legacy ``arch``, from a DictConfig."""
+def legacy_namespace(model_cls, arch, cfg, from_checkpoint=False):
+    """The argparse namespace fairseq-train builds for a legacy ``arch``, from a DictConfig.  For a
+    checkpoint (``from_checkpoint``), an option it does not hold takes the model class'
+    ``checkpoint_defaults`` value (what it was trained with, before the option existed) instead of
+    the arch's default for new models."""
     from fairseq.models import ARCH_CONFIG_REGISTRY
     from omegaconf import OmegaConf
 
@@ -351,10 +354,21 @@ def legacy_namespace(model_cls, arch, cfg):
     for key, value in OmegaConf.to_container(cfg, resolve=True).items():
         if value is not None or not hasattr(ns, key):
             setattr(ns, key, value)
+    if from_checkpoint:
+        apply_checkpoint_defaults(model_cls, ns)
     ns.arch = arch
     ns._name = arch
     ARCH_CONFIG_REGISTRY[arch](ns)
     return ns
+
+
+def apply_checkpoint_defaults(model_cls, args):
+    """Give ``args`` (a loaded checkpoint's model options) the values of ``model_cls.checkpoint_defaults``
+    that it does not hold: options added after the checkpoint was saved whose default for new models
+    differs from what the checkpoint was trained with."""
+    for key, value in getattr(model_cls, "checkpoint_defaults", {}).items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
 
 
 def _patch_legacy_model_build():
@@ -371,7 +385,9 @@ def _patch_legacy_model_build():
         if (OmegaConf.is_config(cfg) and model_cls is not None
                 and model_cls.__module__.split(".")[0] == _plugin_root()
                 and arch not in models.MODEL_DATACLASS_REGISTRY):
-            cfg = legacy_namespace(model_cls, arch, cfg)
+            cfg = legacy_namespace(model_cls, arch, cfg, from_checkpoint)
+        elif from_checkpoint and model_cls is not None and isinstance(cfg, argparse.Namespace):
+            apply_checkpoint_defaults(model_cls, cfg)  # before fairseq applies the arch's defaults
         return original(cfg, task, from_checkpoint)
 
     build_model._nat_ext_wrapped = True

@@ -79,6 +79,24 @@ def test_random_delete_keeps_an_ordered_subsequence_with_ends():
     assert len(sizes) > 3, "the number of kept tokens is drawn per sentence"
 
 
+def test_random_delete_kept_counts_paper_and_fairseq_ranges():
+    """k kept of n = 4 content tokens: U{0..4} with keep_complete (Stern et al.), U{0..3} without
+    (fairseq's translation_lev: cutoff = 2 + floor((len - 2) * u) of the <s> x </s> row)."""
+    n, draws = 4, 4000
+    seqs = [[BOS] + list(range(4, 4 + n)) + [EOS]] * draws
+    for complete, support in ((True, range(n + 1)), (False, range(n))):
+        g = torch.Generator().manual_seed(1)
+        kept = [len(o) - 2 for o in unpad(random_delete(rows(seqs), PAD, BOS, EOS, generator=g,
+                                                        keep_complete=complete))]
+        counts = [kept.count(k) for k in range(n + 1)]
+        assert set(kept) == set(support), counts
+        for k in support:  # uniform: each count within 5 standard deviations of draws / |support|
+            p = 1 / len(support)
+            assert abs(counts[k] - draws * p) < 5 * (draws * p * (1 - p)) ** 0.5, counts
+    g = torch.Generator().manual_seed(0)
+    assert unpad(random_delete(rows([[BOS, EOS]]), PAD, BOS, EOS, generator=g, keep_complete=False)) == [[BOS, EOS]]
+
+
 def test_pad_to_and_rows_equal():
     from fairseq_nat_ext.models.nat.edit_ops import pad_to, rows_equal
 

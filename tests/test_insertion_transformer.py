@@ -22,10 +22,17 @@ def batch(task, n=5):
     return ds.collater([ds[i] for i in range(n)])
 
 
+def end_label(model):
+    """The end-of-slot label as --insertion-end-symbol names it."""
+    return {"pad": model.pad, "eos": model.eos}[model.args.insertion_end_symbol]
+
+
+@pytest.mark.parametrize("end", ["pad", "eos"])
 @pytest.mark.parametrize("tau", [0.0, 1.0, 2.5])
-def test_loss_equals_explicit_per_slot_computation(model_task, tau):
+def test_loss_equals_explicit_per_slot_computation(model_task, tau, end):
     model, task = model_task
     model.args.insertion_tau = tau
+    model.args.insertion_end_symbol = end
     s = batch(task)
     torch.manual_seed(0)
     canvas = model.inject_noise(s["target"])
@@ -42,7 +49,7 @@ def test_loss_equals_explicit_per_slot_computation(model_task, tau):
         for k in range(len(c) - 1):
             span = t[pos[k] + 1:pos[k + 1]]
             if not span:
-                total += -float(lp[b, k, model.eos])
+                total += -float(lp[b, k, end_label(model)])
             else:
                 L = len(span)
                 if tau > 0:
@@ -52,7 +59,58 @@ def test_loss_equals_explicit_per_slot_computation(model_task, tau):
                     w = [1 / L] * L
                 total += -sum(wi * float(lp[b, k, tok]) for wi, tok in zip(w, span))
             n += 1
+    model.args.insertion_end_symbol = "pad"
     assert abs(float(loss) - total / n) < 1e-4
+
+
+def test_new_models_end_slots_with_pad_and_decode_without_it(model_task, monkeypatch):
+    """New models (the arch's default) label an empty slot <pad>, an output-only row of the shared
+    embeddings (fairseq's insertion_transformer); decoding stops a slot on it and never inserts </s>."""
+    model, task = model_task
+    from fairseq_nat_ext.generators.insertion import InsertionGenerator
+
+    assert model.args.insertion_end_symbol == "pad"
+    orig = model.decoder.forward_slots
+    s = batch(task, 4)
+    for boosted in (model.pad, model.eos):
+        def forward_slots(tokens, enc, normalize=False, joint=False, kv=None):
+            logits = orig(tokens, enc, kv=kv).float().clone()
+            logits[..., boosted] += 1e4
+            return torch.log_softmax(logits, -1) if normalize else logits
+
+        monkeypatch.setattr(model.decoder, "forward_slots", forward_slots)
+        gen = InsertionGenerator([model], task.target_dictionary, max_iter=3)
+        for (h,) in gen.generate([model], s):
+            toks = h["tokens"].tolist()
+            if boosted == model.pad:  # every slot ends in the first round: an empty output
+                assert toks == [model.eos] and h["steps"] == 1
+            else:  # </s> is never inserted, only closes the output
+                assert len(toks) > 1 and model.eos not in toks[:-1] and model.pad not in toks
+
+
+def test_checkpoint_without_the_option_keeps_eos(model_task):
+    """A checkpoint saved before --insertion-end-symbol was trained with </s> as the label; loading it
+    must not take the new default (fairseq re-applies the arch's defaults when it builds the model)."""
+    import argparse
+
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+    from omegaconf import OmegaConf
+
+    from fairseq_nat_ext.compat import apply_checkpoint_defaults, legacy_namespace
+    from fairseq_nat_ext.models.nat.insertion import InsertionModel
+
+    old = {"arch": "insertion_tiny", "_name": "insertion_tiny", "insertion_loss": "uniform"}
+    ns = legacy_namespace(InsertionModel, "insertion_tiny", OmegaConf.create(old), from_checkpoint=True)
+    assert ns.insertion_end_symbol == "eos" and ns.insertion_loss == "uniform"
+    ns = legacy_namespace(InsertionModel, "insertion_tiny", OmegaConf.create(old), from_checkpoint=False)
+    assert ns.insertion_end_symbol == "pad"
+    stored = {**old, "insertion_end_symbol": "pad"}
+    ns = legacy_namespace(InsertionModel, "insertion_tiny", OmegaConf.create(stored), from_checkpoint=True)
+    assert ns.insertion_end_symbol == "pad"
+    args = argparse.Namespace(**old)  # fairseq's own path (a Namespace in the checkpoint's cfg)
+    apply_checkpoint_defaults(InsertionModel, args)
+    ARCH_CONFIG_REGISTRY["insertion_tiny"](args)
+    assert args.insertion_end_symbol == "eos"
 
 
 def test_decoding_inserts_in_parallel_and_stops(model_task):
@@ -119,11 +177,11 @@ def canvas_positions(c, t):
     return pos[::-1]
 
 
-def paper_joint_loss(logits, canvas, target, pad, bos, eos, tau):
+def paper_joint_loss(logits, canvas, target, pad, bos, end, tau):
     """Stern et al. (2019), written from the paper with plain loops: log p(c, l) = logit[l, c] minus the
     log-sum-exp over every (slot, token) pair of the sentence; slot-loss(l) = sum_i -w_l(i) log p(y_i, l)
     over the span still missing at l (w: balanced binary tree, softmax of -|i - centre| / tau, or uniform
-    for tau=None), or -log p(EOS, l) for an empty span; loss = mean over the k+1 slots, then mean over
+    for tau=None), or -log p(END, l) for an empty span (END: the end-of-slot label); loss = mean over the k+1 slots, then mean over
     the sentences."""
     logits = logits.detach().double().tolist()
     per_sentence = []
@@ -139,7 +197,7 @@ def paper_joint_loss(logits, canvas, target, pad, bos, eos, tau):
         for k in range(n_slots):
             span = t[pos[k] + 1:pos[k + 1]]
             if not span:
-                total += -(logits[b][k][eos] - log_z)
+                total += -(logits[b][k][end] - log_z)
                 continue
             L = len(span)
             if tau is None:
@@ -173,7 +231,7 @@ def test_joint_loss_equals_paper_reference(model_task, joint, loss_kind, tau):
     with torch.no_grad():
         loss = model(src, lens, canvas, s["target"])["insertion"]["loss"]
         logits = model.decoder.forward_slots(canvas, model.encoder(src, src_lengths=lens))
-    ref = paper_joint_loss(logits, canvas, s["target"], model.pad, model.bos, model.eos, tau)
+    ref = paper_joint_loss(logits, canvas, s["target"], model.pad, model.bos, end_label(model), tau)
     assert float(loss) == pytest.approx(ref, abs=1e-4)
     model.args.insertion_softmax = "slot"
     with torch.no_grad():

@@ -3,13 +3,14 @@ generator's loop (``generators/levenshtein.py``) with one insertion round instea
 import torch
 
 from ..models.nat.edit_ops import fill_placeholders, insert_placeholders, spread_scores
-from ..models.nat.insertion import insertion_softmax
+from ..models.nat.insertion import end_of_slot, insertion_softmax
 from .levenshtein import EditGenerator
 
 
 class InsertionGenerator(EditGenerator):
     """Insertion Transformer decoding.  ``--insertion-decoding parallel`` (default): every slot whose
-    argmax is not end-of-slot (``</s>``) gets its argmax token, all slots at once, until no slot
+    argmax is not end-of-slot (the checkpoint's ``--insertion-end-symbol``: ``<pad>``, or ``</s>`` for
+    checkpoints from before the option; the other special symbols are never inserted) gets its argmax token, all slots at once, until no slot
     inserts (``--iter-decode-max-iter`` rounds at most).  ``sequential``: greedy, one token per
     round, in the slot whose best token is the most probable; it runs until every slot ends (at most
     the decoder's max positions; ``--iter-decode-max-iter`` does not cut it).
@@ -33,12 +34,14 @@ class InsertionGenerator(EditGenerator):
 
     def _round(self, model, tokens, scores, enc, history, kv=None):
         joint = insertion_softmax(getattr(model, "args", None)) == "joint"
+        end = end_of_slot(getattr(model, "args", None), self.tgt_dict)
         lp = model.decoder.forward_slots(tokens, enc, normalize=True, joint=joint, kv=kv).float()  # (N, S, V)
-        lp[..., [self.pad, self.bos, self.mask, self.unk]] = float("-inf")
-        lp[..., self.eos] -= self.penalty
+        banned = [t for t in (self.pad, self.eos, self.bos, self.mask, self.unk) if t != end]
+        lp[..., banned] = float("-inf")
+        lp[..., end] -= self.penalty
         best_lp, best = lp.max(-1)
         slot_ok = torch.arange(lp.size(1), device=lp.device).unsqueeze(0) < (tokens.ne(self.pad).sum(1) - 1).unsqueeze(1)
-        ins = (best != self.eos) & slot_ok
+        ins = (best != end) & slot_ok
         if self.sequential:  # only the most probable insertion of each row
             cand = best_lp.masked_fill(~ins, float("-inf"))
             top = cand.argmax(1, keepdim=True)

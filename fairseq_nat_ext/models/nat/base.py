@@ -70,7 +70,16 @@ class PluginNATModel(FairseqNATModel):
 
 class EditNATModel(PluginNATModel):
     """Edit-based models (Levenshtein, Insertion): sequences are ``<s> ... </s>``, the first decoder
-    input is the target with random deletions (fairseq's LevT noise)."""
+    input is the target with random deletions: ``--deletion-noise paper`` keeps k ~ U{0..n} of its n
+    content tokens (Stern et al. 2019's canvas; a complete canvas is possible), ``fairseq`` keeps
+    k ~ U{0..n-1} (fairseq's ``translation_lev`` random_delete: never the complete target)."""
+
+    @staticmethod
+    def add_args(parser):
+        PluginNATModel.add_args(parser)
+        parser.add_argument("--deletion-noise", choices=["paper", "fairseq"],
+                            help="training canvases: keep k ~ U{0..n} of the target's n tokens (paper) or "
+                                 "k ~ U{0..n-1} (fairseq's translation_lev, never the complete target)")
 
     @property
     def allow_length_beam(self):
@@ -78,4 +87,5 @@ class EditNATModel(PluginNATModel):
 
     def inject_noise(self, target):
         """Dataset target -> y0 = ``<s>`` + target with random deletions (the first decoder input)."""
-        return random_delete(with_bos(target, self.bos), self.pad, self.bos, self.eos)
+        complete = (getattr(self.args, "deletion_noise", None) or "paper") == "paper"
+        return random_delete(with_bos(target, self.bos), self.pad, self.bos, self.eos, keep_complete=complete)

@@ -74,12 +74,15 @@ def fill_placeholders(tokens: Tensor, predicted: Tensor, mask: int) -> Tensor:
     return out
 
 
-def random_delete(tokens: Tensor, pad: int, bos: int, eos: int, generator=None) -> Tensor:
-    """fairseq's LevT noise: each row keeps a uniformly drawn number (0..n) of its n content tokens,
-    a uniformly random subset of that size, in order."""
+def random_delete(tokens: Tensor, pad: int, bos: int, eos: int, generator=None, keep_complete=True) -> Tensor:
+    """Random deletion noise: each row keeps a uniformly drawn number k of its n content tokens, a
+    uniformly random subset of that size, in order.  ``keep_complete``: k ~ U{0..n} (Stern et al.
+    2019's canvas); otherwise k ~ U{0..n-1} as fairseq's ``translation_lev`` (never the complete
+    target; a row without content keeps nothing either way)."""
     content = tokens.ne(pad) & tokens.ne(bos) & tokens.ne(eos)
     n = content.sum(1)
-    keep_n = (torch.rand(n.shape, device=tokens.device, generator=generator) * (n + 1).float()).floor().long()
+    span = n + 1 if keep_complete else n
+    keep_n = (torch.rand(n.shape, device=tokens.device, generator=generator) * span.float()).floor().long()
     score = torch.rand(tokens.shape, device=tokens.device, generator=generator).masked_fill(~content, 2.0)
     rank = score.argsort(1).argsort(1)  # content tokens get ranks 0..n-1 in random order
     delete = content & (rank >= keep_n.unsqueeze(1))

@@ -94,14 +94,28 @@ class InsertionModel(EditNATModel):
                                  "to the span centre / tau) or uniform")
         parser.add_argument("--insertion-tau", type=float,
                             help="balanced-binary-tree temperature (0 also means uniform)")
+        parser.add_argument("--insertion-end-symbol", choices=["pad", "eos"],
+                            help="the end-of-slot label: pad (default, as fairseq's insertion_transformer: "
+                                 "an output-only row of the shared embedding matrix) or eos (</s>, also "
+                                 "every source's and canvas' last input token; checkpoints from before "
+                                 "the option)")
         parser.add_argument("--insertion-softmax", choices=["slot", "joint"],
                             help="slot: one softmax over the vocabulary per slot, p(c | l) (default); "
                                  "joint: Stern et al.'s p(c, l), one softmax over every (slot, token) "
                                  "pair of a sentence, and the paper's loss (mean over the sentence's "
                                  "slots, then over sentences)")
 
+    #: values that checkpoints saved before an option existed were trained with (compat.build_model
+    #: applies them when such a checkpoint is loaded, before the arch's defaults for new models)
+    checkpoint_defaults = {"insertion_end_symbol": "eos"}
+
     def span_tau(self):
         return span_tau(self.args)
+
+    @property
+    def end_of_slot(self):
+        """The end-of-slot label's index (``--insertion-end-symbol``)."""
+        return end_of_slot(self.args, self.decoder.dictionary)
 
     @property
     def joint_softmax(self):
@@ -126,7 +140,7 @@ class InsertionModel(EditNATModel):
         span_loss = -(o.weight * per_pos).masked_fill(~o.missing, 0.0)  # (B, m)
         slot_loss = torch.zeros(lp.shape[:2], device=lp.device).scatter_add(1, slot, span_loss)
         done = o.slot_done[:, 1:S + 1] & valid
-        slot_loss = slot_loss + torch.where(done, -lp[..., self.eos], torch.zeros_like(slot_loss))
+        slot_loss = slot_loss + torch.where(done, -lp[..., self.end_of_slot], torch.zeros_like(slot_loss))
         slot_loss = slot_loss.masked_fill(~valid, 0.0)
         # label smoothing's term: cross-entropy against the uniform distribution over the support
         smooth = (-lp.mean(-1)).masked_fill(~valid, 0.0)  # (B, S)
@@ -160,6 +174,14 @@ def insertion_softmax(args):
     return getattr(args, "insertion_softmax", None) or "slot"
 
 
+def end_of_slot(args, dictionary):
+    """The end-of-slot label of ``--insertion-end-symbol``: ``pad`` or ``eos`` (``</s>``)."""
+    sym = getattr(args, "insertion_end_symbol", None) or "pad"
+    if sym not in ("pad", "eos"):
+        raise ValueError(f"--insertion-end-symbol must be pad or eos, got {sym!r}")
+    return dictionary.pad() if sym == "pad" else dictionary.eos()
+
+
 def span_tau(args):
     """The oracle's tau: None (uniform) for --insertion-loss uniform or --insertion-tau 0."""
     tau = getattr(args, "insertion_tau", 1.0)
@@ -171,6 +193,7 @@ def span_tau(args):
 @register_model_architecture("insertion", "insertion")
 def insertion_base(args):
     arch_defaults(args, insertion_loss="binary_tree", insertion_tau=1.0, insertion_softmax="slot",
+                  insertion_end_symbol="pad", deletion_noise="paper",
                   share_all_embeddings=True, dropout=0.3, apply_bert_init=True)
     transformer_base_architecture(args)
 

@@ -215,7 +215,7 @@ class LevenshteinModel(EditNATModel):
 @register_model_architecture("levenshtein", "levenshtein")
 def levenshtein_base(args):
     arch_defaults(args, max_placeholders=255, levt_rollin="paper", levt_alpha=0.5, levt_beta=0.2,
-              share_all_embeddings=True, dropout=0.3, apply_bert_init=True)
+                  deletion_noise="fairseq", share_all_embeddings=True, dropout=0.3, apply_bert_init=True)
     transformer_base_architecture(args)
 
 
