@@ -264,3 +264,19 @@ def test_sampling_draws_each_slot_from_its_distribution(multi_bin, monkeypatch):
     assert all(int(h[0]["tokens"][0]) == w1 for h in hyps)
     with pytest.raises(InputError, match="--kermit-temperature"):
         KermitGenerator([model], d, "aa", "bb", x_lang="aa", temperature=-1)
+
+
+def test_captions_check_every_direction_before_decoding():
+    """kermit_languages refuses a language it cannot reach from the given one (a --lang-pairs graph
+    without that pair) with the task's one-line error, before decoding anything."""
+    from types import SimpleNamespace
+
+    from fairseq_nat_ext.generators.kermit_languages import _check_directions
+    from fairseq_nat_ext.tasks.kermit import KermitTask
+
+    task = SimpleNamespace(pairs=[("aa", "bb"), ("aa", "cc")], cfg=SimpleNamespace(lang_pairs="aa-bb,aa-cc"))
+    task.pair_of = KermitTask.pair_of.__get__(task)
+    _check_directions(task, "aa", ["bb", "cc"])
+    _check_directions(task, "cc", ["aa"])
+    with pytest.raises(InputError, match="-s bb -t cc is not a direction"):
+        _check_directions(task, "bb", ["aa", "cc"])

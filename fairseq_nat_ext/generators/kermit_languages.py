@@ -39,6 +39,13 @@ def _generate(task, model, src, tgt, mode, rows, args):
     return [h[0] for h in gen.generate([model], {"net_input": {"src_tokens": rows, "src_lengths": None}})]
 
 
+def _check_directions(task, src, targets):
+    """Every direction src -> t is a pair of the checkpoint's --lang-pairs (the task's one-line error
+    otherwise), checked before anything is decoded."""
+    for t in targets:
+        task.pair_of(src, t)
+
+
 def captions(data_bin, ckpt, n=5, given=None, subset="test", temperature=1.0, iters=10, eos_penalty=0.0,
              seed=1, cuda=False):
     """[{lang: text}] of ``n`` captions (see the module docstring)."""
@@ -58,23 +65,26 @@ def captions(data_bin, ckpt, n=5, given=None, subset="test", temperature=1.0, it
     task = probe.task
     if given is None:
         a, b = pairs[0]  # a is segment x: the printed side is b, "other_side" a
+        src_lang, todo = a, [c for c in langs if c not in (a, b)]
+        _check_directions(task, src_lang, todo)
         hyps = _generate(task, model, a, b, "joint", torch.full((n, 1), eos, dtype=torch.long), args)
         first = [h["other_side"] for h in hyps]
         for i, h in enumerate(hyps):
             out[i][a], out[i][b] = _text(task, first[i], a), _text(task, h["tokens"], b)
-        source, src_lang, todo = first, a, [c for c in langs if c not in (a, b)]
+        source = first
     else:
         if given not in langs:
             raise InputError(f"--given: '{given}' is not one of the checkpoint's languages {','.join(langs)}")
-        other = next(b if a == given else a for a, b in pairs if given in (a, b))
-        one_way = load_system(ckpt, data_bin, given, other).task  # reads the one pair of `given`
-        one_way.load_dataset(subset)
-        ds = one_way.dataset(subset)
-        source = [ds[i]["source"] for i in range(min(n, len(ds)))]
+        src_lang, todo = given, [c for c in langs if c != given]
+        _check_directions(task, src_lang, todo)
+        k = next(i for i, (a, b) in enumerate(pairs) if given in (a, b))  # the first pair holding `given`
+        task.load_dataset(subset)  # every pair, one part each, in --lang-pairs order
+        part = task.dataset(subset).datasets[k]
+        side = "source" if pairs[k][0] == given else "target"
+        source = [part[i][side] for i in range(min(n, len(part)))]
         out = out[:len(source)]
         for i, s in enumerate(source):
             out[i][given] = _text(task, s, given)
-        src_lang, todo = given, [c for c in langs if c != given]
     for c in todo:
         rows = data_utils.collate_tokens(source, pad)  # each ends with its </s>: right-padded rows
         hyps = _generate(task, model, src_lang, c, "translate", rows, args)
