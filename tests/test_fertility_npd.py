@@ -350,8 +350,9 @@ def test_fairseq_reranker_shim_scores_like_our_teacher_scoring(toy_databin):
 def test_one_source_groups_share_cross_attention_and_match_fairseqs_forwards(model_task, toy_databin, monkeypatch):
     """At batch 1 every candidate comes from one source: the NAT decoder and a real Transformer teacher
     cross-attend to that source's UNEXPANDED encoder output (keys/values projected once) and run their
-    position-wise work on the real positions only (modules/packed.py).  Same hypotheses, candidate
-    scores and positional scores as fairseq's own forwards over the output expanded to every row."""
+    position-wise work on the real positions only (modules/packed.py), and both vocabulary products run
+    on oneDNN's prepacked weights (modules/cpu_linear.py).  Same hypotheses, candidate scores and
+    positional scores as fairseq's own forwards and output layers over the output expanded to every row."""
     from fairseq import options, tasks
 
     from fairseq_nat_ext.generators import nat_fertility as fertility_gen
@@ -376,6 +377,16 @@ def test_one_source_groups_share_cross_attention_and_match_fairseqs_forwards(mod
         return linear_module(lin, x)
 
     monkeypatch.setattr(fertility_gen.packed.cpu_linear, "module", recorded)
+    # the vocabulary products (NAT and teacher) go through the prepacked product in the fast mode
+    vocab_weights = {id(model.decoder.output_projection.weight), id(teacher.decoder.output_projection.weight)}
+    prepacked, cpu_linear_fn = [], fertility_gen.packed.cpu_linear.linear
+
+    def recorded_linear(x, weight, bias=None):
+        if id(weight) in vocab_weights and fertility_gen.packed.cpu_linear.usable(x, weight):
+            prepacked.append(id(weight))
+        return cpu_linear_fn(x, weight, bias)
+
+    monkeypatch.setattr(fertility_gen.packed.cpu_linear, "linear", recorded_linear)
     ds = task.dataset("test")
     results = []
     try:
@@ -384,7 +395,9 @@ def test_one_source_groups_share_cross_attention_and_match_fairseqs_forwards(mod
                 monkeypatch.setattr(fertility_gen, "cross_attention_rows", lambda enc, out, order: enc.reorder_encoder_out(out, order))
                 monkeypatch.setattr(fertility_gen.packed, "supports_decoder", lambda decoder: False)
                 monkeypatch.setattr(model.decoder, "packed_features", None, raising=False)
+                monkeypatch.setattr(fertility_gen, "vocab_projection", lambda decoder: decoder.output_layer)
             key_batches.clear()
+            prepacked.clear()
             outs = []
             for i in range(4):
                 gen = NPDGenerator([model], task.target_dictionary, npd_samples=8, teacher=teacher)
@@ -392,6 +405,7 @@ def test_one_source_groups_share_cross_attention_and_match_fairseqs_forwards(mod
                 outs.append(gen.generate([model], ds.collater([ds[i]]))[0][0])
             results.append(outs)
             assert key_batches and (set(key_batches) == {1} if fast else max(key_batches) > 1)
+            assert set(prepacked) == (vocab_weights if fast else set())
     finally:
         for h in hooks:
             h.remove()

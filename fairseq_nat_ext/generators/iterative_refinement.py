@@ -26,7 +26,7 @@ from ..modules import cpu_linear
 from ..modules import nat_decoder_inference as fast
 from ..modules.vocab_projection import best_vocab_tokens
 from .base import NATGeneratorBase
-from .projection import best_tokens
+from .projection import best_tokens, vocab_projection
 
 
 class RefinementGenerator(NATGeneratorBase):
@@ -61,7 +61,7 @@ class RefinementGenerator(NATGeneratorBase):
                     lp.new_zeros(inp.shape).masked_scatter(valid, lp))
         feats = [m.decoder(inp, e, copy_source=first, features_only=True) for m, e in zip(models, enc)]
         valid = inp.ne(self.pad)
-        tokens, lp = best_tokens(feats, [m.decoder.output_layer for m in models], len(self.tgt_dict),
+        tokens, lp = best_tokens(feats, [vocab_projection(m.decoder) for m in models], len(self.tgt_dict),
                                  self.forbidden, keep=valid)
         return tokens.masked_fill(~valid, self.pad), lp  # lp is 0 off ``valid`` (not projected)
 

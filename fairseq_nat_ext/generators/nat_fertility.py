@@ -53,7 +53,7 @@ from ..compat import InputError, fairseq_mask_warning_silenced
 from ..modules import cpu_linear, packed
 from ..models.nat.nat_fertility import source_fertility_mask
 from .base import NATGeneratorBase
-from .projection import best_tokens, shared_target_log_probs, target_log_probs
+from .projection import best_tokens, shared_target_log_probs, target_log_probs, vocab_projection
 
 _TEACHERS = {}  # (checkpoint, data dir) -> teacher model, loaded once per process
 
@@ -166,10 +166,10 @@ def teacher_scores(teacher, src_tokens, src_lengths, order, tokens, lengths, pad
     if packed.supports_decoder(teacher.decoder):  # the same maths on fewer positions
         if enc["encoder_out"][0].size(1) == 1:  # one source: each distinct candidate prefix once
             feats, node = packed.tree_decoder_features(teacher.decoder, prev, enc)
-            lp = shared_target_log_probs(feats, teacher.decoder.output_layer, node, target, V)
+            lp = shared_target_log_probs(feats, vocab_projection(teacher.decoder), node, target, V)
         else:  # the real positions only
             feats = packed.decoder_features(teacher.decoder, prev, enc)
-            lp = target_log_probs(feats, teacher.decoder.output_layer, target, V, keep=keep)
+            lp = target_log_probs(feats, vocab_projection(teacher.decoder), target, V, keep=keep)
     else:
         with fairseq_mask_warning_silenced():
             feats, _ = teacher.decoder(prev, encoder_out=enc, features_only=True)
@@ -324,7 +324,7 @@ class NPDGenerator(NATGeneratorBase):
                     feats.append(packed_features(cross, copied))
                 else:
                     feats.append(m.decoder(cross, copied=copied, features_only=True))
-            tok, lp = best_tokens(feats, [m.decoder.output_layer for m in models], len(self.tgt_dict),
+            tok, lp = best_tokens(feats, [vocab_projection(m.decoder) for m in models], len(self.tgt_dict),
                                   self.forbidden, keep=valid)
             n = tok.size(1)
             tokens[idx, :n] = tok.masked_fill(~valid, self.pad)

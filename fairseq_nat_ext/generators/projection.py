@@ -3,10 +3,13 @@ positions are projected in chunks of at most ``max_elements`` logits (the decode
 once).  Given a ``keep`` mask, only those positions are projected: NAT candidates of one batch are
 padded to the longest (a sampled fertility can make one candidate 3x the others), and the projection
 onto the vocabulary is the costly part of a pass -- padding is never projected."""
+import functools
 import math
 
 import torch
 import torch.nn.functional as F
+
+from ..modules.vocab_projection import vocab_logits
 
 #: logits per chunk (2^25 float32 = 128 MiB)
 MAX_ELEMENTS = 1 << 25
@@ -15,6 +18,15 @@ MAX_ELEMENTS = 1 << 25
 def chunks(n_rows, row_elements, max_elements=MAX_ELEMENTS):
     step = max(1, max_elements // max(1, row_elements))
     return [(a, min(a + step, n_rows)) for a in range(0, n_rows, step)]
+
+
+def vocab_projection(decoder):
+    """``decoder.output_layer`` as a function of the states, computed by
+    :func:`modules.vocab_projection.vocab_logits`: at CPU decoding its product runs on oneDNN's
+    prepacked weight (or as the faster transposed product), not torch's ``linear``, which is slow for
+    the few dozen rows of a decoding pass; the same logits up to float rounding, and the decoder's own
+    ``output_layer`` elsewhere (training, CUDA, adaptive softmax)."""
+    return functools.partial(vocab_logits, decoder)
 
 
 def ensemble_log_probs(features, output_layers, a, b):
