@@ -63,6 +63,74 @@ def test_loss_equals_explicit_per_slot_computation(model_task, tau, end):
     assert abs(float(loss) - total / n) < 1e-4
 
 
+@pytest.mark.parametrize("span_targets", ["sum", "fairseq"])
+def test_span_targets_of_repeated_tokens(model_task, span_targets):
+    """A token repeated within a missing span: Stern et al.'s loss sums its weights (``sum``); fairseq's
+    ``_get_ins_targets`` scatters every occurrence into one (slot, token) cell, so only the last one's
+    weight stays (``fairseq``).  Reference: a plain loop over the spans of empty canvases."""
+    model, task = model_task
+    model.args.insertion_span_targets = span_targets
+    s = batch(task, 4)
+    d = task.target_dictionary
+    a, b_, c = d.nspecial, d.nspecial + 1, d.nspecial + 2
+    tgt = torch.tensor([[a, b_, a, c, b_, d.eos()], [c, c, c, a, d.eos(), d.pad()],
+                        [a, b_, c, d.eos(), d.pad(), d.pad()], [b_, a, a, b_, a, d.eos()]])
+    B = tgt.size(0)
+    canvas = torch.tensor([[model.bos, model.eos]] * B)  # one slot: the whole target is missing
+    src, lens = s["net_input"]["src_tokens"], s["net_input"]["src_lengths"]
+    try:
+        loss = float(model(src, lens, canvas, tgt)["insertion"]["loss"])
+    finally:
+        model.args.insertion_span_targets = "sum"
+    with torch.no_grad():
+        lp = model.decoder.forward_slots(canvas, model.encoder(src, src_lengths=lens), normalize=True)
+    total = 0.0
+    for b in range(B):
+        span = [x for x in tgt[b].tolist() if x not in (model.pad, model.eos)]
+        L = len(span)
+        e = [math.exp(-abs(r - (L - 1) / 2) / model.args.insertion_tau) for r in range(L)]
+        w = [x / sum(e) for x in e]
+        cell = {}
+        for wi, tok in zip(w, span):
+            cell[tok] = cell.get(tok, 0.0) + wi if span_targets == "sum" else wi
+        total += -sum(v * float(lp[b, 0, tok]) for tok, v in cell.items())
+    assert loss == pytest.approx(total / B, abs=1e-4)
+
+
+def test_fairseq_span_targets_equal_fairseqs_own(model_task):
+    """With ``--insertion-end-symbol pad --insertion-span-targets fairseq`` the loss is the cross-entropy
+    against fairseq's own ``_get_ins_targets`` (libnat's edit path, its binary-tree scores, its scatter),
+    on canvases whose alignment to the target is unique (kept tokens occur once in the target)."""
+    pytest.importorskip("fairseq.libnat")
+    from fairseq.models.nat.insertion_transformer import _get_ins_targets
+
+    model, task = model_task
+    d = task.target_dictionary
+    a, b_, c, e = (d.nspecial + i for i in range(4))
+    tgt = torch.tensor([[a, b_, a, c, b_, d.eos()], [c, c, e, c, a, d.eos()],
+                        [a, b_, e, d.eos(), d.pad(), d.pad()], [b_, a, a, e, a, d.eos()]])
+    canvas = torch.tensor([[d.bos(), c, d.eos(), d.pad()], [d.bos(), e, a, d.eos()],
+                           [d.bos(), d.eos(), d.pad(), d.pad()], [d.bos(), e, d.eos(), d.pad()]])
+    s = batch(task, 4)
+    src, lens = s["net_input"]["src_tokens"], s["net_input"]["src_lengths"]
+    saved = (model.args.insertion_end_symbol, model.args.insertion_tau)
+    model.args.insertion_end_symbol, model.args.insertion_tau = "pad", 1.0
+    model.args.insertion_span_targets = "fairseq"
+    try:
+        with torch.no_grad():
+            loss = float(model(src, lens, canvas, tgt)["insertion"]["loss"])
+            lp = model.decoder.forward_slots(canvas, model.encoder(src, src_lengths=lens), normalize=True)
+    finally:
+        model.args.insertion_end_symbol, model.args.insertion_tau = saved
+        model.args.insertion_span_targets = "sum"
+    full = torch.cat([torch.full((4, 1), d.bos()), tgt], 1)
+    t = _get_ins_targets(canvas, full, d.pad(), d.unk(), len(d), tau=1.0).type_as(lp)
+    masks = canvas[:, 1:].ne(d.pad())
+    ref = float(-(t * lp).sum(-1)[masks].mean())
+    assert loss == pytest.approx(ref, abs=1e-4)
+    assert float(t.sum(-1)[masks].min()) < 0.99, "some span lost a repeated token's weight"
+
+
 def test_new_models_end_slots_with_pad_and_decode_without_it(model_task, monkeypatch):
     """New models (the arch's default) label an empty slot <pad>, an output-only row of the shared
     embeddings (fairseq's insertion_transformer); decoding stops a slot on it and never inserts </s>."""

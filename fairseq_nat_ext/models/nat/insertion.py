@@ -99,6 +99,11 @@ class InsertionModel(EditNATModel):
                                  "an output-only row of the shared embedding matrix) or eos (</s>, also "
                                  "every source's and canvas' last input token; checkpoints from before "
                                  "the option)")
+        parser.add_argument("--insertion-span-targets", choices=["sum", "fairseq"],
+                            help="a token repeated within a missing span: its weights add up (sum, the "
+                                 "default: Stern et al.'s loss) or only its last occurrence's counts "
+                                 "(fairseq: insertion_transformer's scatter_ overwrites, so the span's "
+                                 "target sums to less than 1)")
         parser.add_argument("--insertion-softmax", choices=["slot", "joint"],
                             help="slot: one softmax over the vocabulary per slot, p(c | l) (default); "
                                  "joint: Stern et al.'s p(c, l), one softmax over every (slot, token) "
@@ -137,7 +142,10 @@ class InsertionModel(EditNATModel):
         # slot s of the oracle is "before kept token s": canvas slot k (after token k) = oracle slot k+1
         slot = (o.slot - 1).clamp(0, S - 1)
         per_pos = lp[torch.arange(tgt.size(0), device=tgt.device).unsqueeze(1), slot, tgt]  # (B, m)
-        span_loss = -(o.weight * per_pos).masked_fill(~o.missing, 0.0)  # (B, m)
+        weight = o.weight
+        if getattr(self.args, "insertion_span_targets", None) == "fairseq":
+            weight = weight.masked_fill(overwritten(slot, tgt, o.missing), 0.0)
+        span_loss = -(weight * per_pos).masked_fill(~o.missing, 0.0)  # (B, m)
         slot_loss = torch.zeros(lp.shape[:2], device=lp.device).scatter_add(1, slot, span_loss)
         done = o.slot_done[:, 1:S + 1] & valid
         slot_loss = slot_loss + torch.where(done, -lp[..., self.end_of_slot], torch.zeros_like(slot_loss))
@@ -153,6 +161,16 @@ class InsertionModel(EditNATModel):
             loss = slot_loss.sum() / n
             smooth = smooth.sum() / n
         return {"insertion": {"loss": loss, "nll_loss": loss.detach(), "smooth": smooth, "factor": 1.0}}
+
+
+def overwritten(slot, tgt, missing):
+    """bool (B, m): missing target positions whose token occurs again later in the same slot's missing
+    span -- the weights fairseq's ``_get_ins_targets`` loses (``scatter_`` writes every occurrence into
+    one (slot, token) cell, the last one staying)."""
+    m = slot.size(1)
+    same = (slot.unsqueeze(2) == slot.unsqueeze(1)) & (tgt.unsqueeze(2) == tgt.unsqueeze(1))
+    later = torch.ones(m, m, dtype=torch.bool, device=slot.device).triu(1)
+    return (same & later & missing.unsqueeze(1)).any(-1) & missing
 
 
 def slot_mask(tokens, pad):
@@ -193,7 +211,7 @@ def span_tau(args):
 @register_model_architecture("insertion", "insertion")
 def insertion_base(args):
     arch_defaults(args, insertion_loss="binary_tree", insertion_tau=1.0, insertion_softmax="slot",
-                  insertion_end_symbol="pad", deletion_noise="paper",
+                  insertion_end_symbol="pad", deletion_noise="paper", insertion_span_targets="sum",
                   share_all_embeddings=True, dropout=0.3, apply_bert_init=True)
     transformer_base_architecture(args)
 
