@@ -10,10 +10,11 @@ from .levenshtein import EditGenerator
 class InsertionGenerator(EditGenerator):
     """Insertion Transformer decoding.  ``--insertion-decoding parallel`` (default): every slot whose
     argmax is not end-of-slot (the checkpoint's ``--insertion-end-symbol``: ``<pad>``, or ``</s>`` for
-    checkpoints from before the option; the other special symbols are never inserted) gets its argmax token, all slots at once, until no slot
-    inserts (``--iter-decode-max-iter`` rounds at most).  ``sequential``: greedy, one token per
-    round, in the slot whose best token is the most probable; it runs until every slot ends (at most
-    the decoder's max positions; ``--iter-decode-max-iter`` does not cut it).
+    checkpoints from before the option; the other special symbols are never inserted) gets its argmax
+    token, all slots at once, until no slot inserts (``--iter-decode-max-iter`` rounds at most).
+    ``sequential``: greedy, one token per round, in the slot whose best token is the most probable; it
+    runs until every slot ends (at most the decoder's max positions; ``--iter-decode-max-iter`` does not
+    cut it).
     ``--iter-decode-eos-penalty`` is subtracted from the end-of-slot log-probability.
 
     A model trained with ``--insertion-softmax joint`` (read from the checkpoint's args) is decoded

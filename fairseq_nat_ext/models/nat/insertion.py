@@ -2,13 +2,14 @@
 
 A non-causal decoder reads the canvas ``<s> ... </s>``; slot k (between tokens k and k+1) is
 represented by a linear map of the concatenated neighbour states, and the output layer gives, per
-slot, a distribution over the vocabulary in which ``</s>`` means "nothing more to insert here"
-(the end-of-slot label).  ``--insertion-softmax`` chooses how the (slot, token) logits are
+slot, a distribution over the vocabulary in which one symbol means "nothing more to insert here" (the
+end-of-slot label, ``--insertion-end-symbol``: ``<pad>`` for new models, as fairseq's
+``insertion_transformer``; ``</s>`` for checkpoints saved before the option).  ``--insertion-softmax`` chooses how the (slot, token) logits are
 normalised: ``slot`` (default; one softmax over the vocabulary per slot, p(c | l)) or ``joint``
 (Stern et al.'s p(c, l): one softmax over every (slot, token) pair of a sentence, the slots of its
 padding excluded).
 
-Training: the canvas is a random subsequence of the target (fairseq's random deletion noise); the loss
+Training: the canvas is a random subsequence of the target (``--deletion-noise``); the loss
 of every slot is the oracle's (``fairseq_nat_ext.oracles.insertion``) weighted cross-entropy over its
 missing span -- ``--insertion-loss binary_tree`` (temperature ``--insertion-tau``) or ``uniform`` --
 or the end-of-slot label when the span is empty.  ``slot``: slot losses are averaged over all slots of
