@@ -290,6 +290,7 @@ def _patch_trainer_checkpoint_loading():
         return
 
     def load_checkpoint(self, filename, *args, **kwargs):
+        check_checkpoint_options(self.get_model(), filename)
         try:
             return original(self, filename, *args, **kwargs)
         except UserFacingError:
@@ -371,9 +372,44 @@ def apply_checkpoint_defaults(model_cls, args):
             setattr(args, key, value)
 
 
+def _saved_option(model_cfg, key):
+    """``key`` of a checkpoint's model options (Namespace or DictConfig); None when it is absent."""
+    if model_cfg is None:
+        return None
+    if isinstance(model_cfg, argparse.Namespace):
+        return getattr(model_cfg, key, None)
+    try:
+        return model_cfg.get(key, None)
+    except Exception:  # noqa: BLE001 -- a struct config without the key
+        return None
+
+
+def check_checkpoint_options(model, filename):
+    """Before a training run loads ``filename`` (resume, --restore-file, --finetune-from-model): each
+    option of ``type(model).checkpoint_defaults`` must have the value the checkpoint was trained with
+    (a checkpoint without the option: the class' value), else a one-line error -- continuing under
+    another value would silently change what the model learns (e.g. insertion's end-of-slot label)."""
+    defaults = getattr(type(model), "checkpoint_defaults", None)
+    if not defaults or not isinstance(filename, (str, os.PathLike)) or not os.path.isfile(filename):
+        return
+    from fairseq import checkpoint_utils
+
+    state = checkpoint_utils.load_checkpoint_to_cpu(str(filename))
+    cfg = state.get("cfg")
+    saved = cfg.get("model") if cfg is not None else state.get("args")
+    for key, old in defaults.items():
+        trained = _saved_option(saved, key)
+        trained = old if trained is None else trained
+        current = getattr(getattr(model, "args", None), key, None)
+        if current is not None and current != trained:
+            opt = "--" + key.replace("_", "-")
+            raise InputError(f"checkpoint {filename} was trained with {opt} {trained}, this run has {opt} "
+                             f"{current}: give {opt} {trained} to continue it, or train into another --save-dir")
+
+
 def _patch_legacy_model_build():
     from fairseq import models
-    from omegaconf import OmegaConf
+    from omegaconf import OmegaConf, open_dict
 
     original = models.build_model
     if getattr(original, "_nat_ext_wrapped", False):
@@ -385,7 +421,12 @@ def _patch_legacy_model_build():
         if (OmegaConf.is_config(cfg) and model_cls is not None
                 and model_cls.__module__.split(".")[0] == _plugin_root()
                 and arch not in models.MODEL_DATACLASS_REGISTRY):
-            cfg = legacy_namespace(model_cls, arch, cfg, from_checkpoint)
+            ns = legacy_namespace(model_cls, arch, cfg, from_checkpoint)
+            if not from_checkpoint:  # a new model: the checkpoint it saves (this cfg) holds these values
+                with open_dict(cfg):
+                    for key in getattr(model_cls, "checkpoint_defaults", {}):
+                        cfg[key] = getattr(ns, key, None)
+            cfg = ns
         elif from_checkpoint and model_cls is not None and isinstance(cfg, argparse.Namespace):
             apply_checkpoint_defaults(model_cls, cfg)  # before fairseq applies the arch's defaults
         return original(cfg, task, from_checkpoint)

@@ -33,6 +33,13 @@ def test_loss_equals_explicit_per_slot_computation(model_task, tau, end):
     model, task = model_task
     model.args.insertion_tau = tau
     model.args.insertion_end_symbol = end
+    try:
+        _check_loss_against_loop(model, task, tau)
+    finally:
+        model.args.insertion_end_symbol = "pad"
+
+
+def _check_loss_against_loop(model, task, tau):
     s = batch(task)
     torch.manual_seed(0)
     canvas = model.inject_noise(s["target"])
@@ -59,7 +66,6 @@ def test_loss_equals_explicit_per_slot_computation(model_task, tau, end):
                     w = [1 / L] * L
                 total += -sum(wi * float(lp[b, k, tok]) for wi, tok in zip(w, span))
             n += 1
-    model.args.insertion_end_symbol = "pad"
     assert abs(float(loss) - total / n) < 1e-4
 
 
@@ -69,7 +75,8 @@ def test_span_targets_of_repeated_tokens(model_task, span_targets):
     ``_get_ins_targets`` scatters every occurrence into one (slot, token) cell, so only the last one's
     weight stays (``fairseq``).  Reference: a plain loop over the spans of empty canvases."""
     model, task = model_task
-    model.args.insertion_span_targets = span_targets
+    saved_tau = model.args.insertion_tau
+    model.args.insertion_span_targets, model.args.insertion_tau = span_targets, 1.0
     s = batch(task, 4)
     d = task.target_dictionary
     a, b_, c = d.nspecial, d.nspecial + 1, d.nspecial + 2
@@ -81,14 +88,14 @@ def test_span_targets_of_repeated_tokens(model_task, span_targets):
     try:
         loss = float(model(src, lens, canvas, tgt)["insertion"]["loss"])
     finally:
-        model.args.insertion_span_targets = "sum"
+        model.args.insertion_span_targets, model.args.insertion_tau = "sum", saved_tau
     with torch.no_grad():
         lp = model.decoder.forward_slots(canvas, model.encoder(src, src_lengths=lens), normalize=True)
     total = 0.0
     for b in range(B):
         span = [x for x in tgt[b].tolist() if x not in (model.pad, model.eos)]
         L = len(span)
-        e = [math.exp(-abs(r - (L - 1) / 2) / model.args.insertion_tau) for r in range(L)]
+        e = [math.exp(-abs(r - (L - 1) / 2) / 1.0) for r in range(L)]
         w = [x / sum(e) for x in e]
         cell = {}
         for wi, tok in zip(w, span):
@@ -131,16 +138,20 @@ def test_fairseq_span_targets_equal_fairseqs_own(model_task):
     assert float(t.sum(-1)[masks].min()) < 0.99, "some span lost a repeated token's weight"
 
 
-def test_new_models_end_slots_with_pad_and_decode_without_it(model_task, monkeypatch):
+@pytest.mark.parametrize("end", ["pad", "eos"])
+def test_decoding_stops_slots_on_the_checkpoints_end_label(model_task, monkeypatch, end):
     """New models (the arch's default) label an empty slot <pad>, an output-only row of the shared
-    embeddings (fairseq's insertion_transformer); decoding stops a slot on it and never inserts </s>."""
+    embeddings (fairseq's insertion_transformer); checkpoints from before the option, </s>.  Decoding
+    stops a slot on the model's label and never inserts the other symbol."""
     model, task = model_task
     from fairseq_nat_ext.generators.insertion import InsertionGenerator
 
-    assert model.args.insertion_end_symbol == "pad"
+    assert model.args.insertion_end_symbol == "pad", "the arch's default for new models"
+    monkeypatch.setattr(model.args, "insertion_end_symbol", end)
+    label, other = (model.pad, model.eos) if end == "pad" else (model.eos, model.pad)
     orig = model.decoder.forward_slots
     s = batch(task, 4)
-    for boosted in (model.pad, model.eos):
+    for boosted in (label, other):
         def forward_slots(tokens, enc, normalize=False, joint=False, kv=None):
             logits = orig(tokens, enc, kv=kv).float().clone()
             logits[..., boosted] += 1e4
@@ -150,9 +161,9 @@ def test_new_models_end_slots_with_pad_and_decode_without_it(model_task, monkeyp
         gen = InsertionGenerator([model], task.target_dictionary, max_iter=3)
         for (h,) in gen.generate([model], s):
             toks = h["tokens"].tolist()
-            if boosted == model.pad:  # every slot ends in the first round: an empty output
+            if boosted == label:  # every slot ends in the first round: an empty output
                 assert toks == [model.eos] and h["steps"] == 1
-            else:  # </s> is never inserted, only closes the output
+            else:  # the other symbol is never inserted; </s> only closes the output
                 assert len(toks) > 1 and model.eos not in toks[:-1] and model.pad not in toks
 
 
@@ -448,3 +459,21 @@ def test_cli_train_then_generate_joint(toy_databin, tmp_path):
     for line in proc.stdout.splitlines():
         if line.startswith("H-"):
             assert "<pad>" not in line and "<mask>" not in line
+    # a checkpoint saved before --insertion-end-symbol (no such key) loads with </s>, what it was
+    # trained with; a training run under another label refuses to continue it (one-line error)
+    assert margs.insertion_end_symbol == "pad"
+    from fairseq import checkpoint_utils
+
+    del margs.insertion_end_symbol
+    old_dir = tmp_path / "old"
+    old_dir.mkdir()
+    torch.save(state, old_dir / "checkpoint_last.pt")
+    models, _, _ = checkpoint_utils.load_model_ensemble_and_task([str(old_dir / "checkpoint_last.pt")],
+                                                                 arg_overrides={"data": data_bin})
+    assert models[0].args.insertion_end_symbol == "eos"
+    resume = run_cli(["fairseq-train", data_bin, "--user-dir", PLUGIN_DIR, "--task", "nat_translation",
+                      "--arch", "insertion_tiny", "--criterion", "insertion_loss", "--insertion-softmax", "joint",
+                      "--insertion-loss", "uniform", "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "800",
+                      "--max-update", "6", "--save-dir", str(old_dir), "--no-epoch-checkpoints",
+                      "--num-workers", "0"], check=False)
+    assert resume.returncode != 0 and "trained with --insertion-end-symbol eos" in resume.stderr

@@ -210,6 +210,11 @@ def _check_hydra_checkpoint(arch, save, data_bin, tiny_checkpoints):
     ours = models[0].state_dict()
     assert ours.keys() == cli.keys(), arch
     assert all(ours[k].shape == cli[k].shape for k in cli), f"{arch}: hydra built other sizes"
+    # options whose checkpoints from before them load with an older value (checkpoint_defaults): a new
+    # hydra checkpoint stores the arch's value and loads with it, as a CLI one
+    for key in getattr(type(models[0]), "checkpoint_defaults", {}):
+        assert state["cfg"]["model"][key] == getattr(cli_state["cfg"]["model"], key), (arch, key)
+        assert getattr(models[0].args, key) == getattr(cli_state["cfg"]["model"], key), (arch, key)
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))

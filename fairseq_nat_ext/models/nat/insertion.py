@@ -60,7 +60,7 @@ class InsertionDecoder(FairseqNATDecoder):
         return h
 
     def forward_slots(self, tokens, encoder_out, normalize=False, joint=False, kv=None):
-        """tokens (B, T) -> (B, T-1, V) per-slot token logits (``</s>`` = end of slot).  normalize:
+        """tokens (B, T) -> (B, T-1, V) per-slot token logits (the end-of-slot label: :func:`end_of_slot`).  normalize:
         log-probabilities, per slot (``joint=False``: log p(c | l)) or over every (slot, token) pair
         of a row (``joint=True``: log p(c, l), float32; the slots past the row's last token get -inf).
         ``kv``: :meth:`shared_kv` of these rows' sources (decoding)."""
