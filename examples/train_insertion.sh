@@ -11,7 +11,8 @@
 # LABEL_SMOOTHING LR WARMUP MAX_TOKENS MAX_UPDATE SEED THREADS SAVE_INTERVAL_UPDATES AVG INIT_FROM)
 # plus LOSS=binary_tree|uniform, TAU=1.0, SOFTMAX=slot|joint, END=pad|eos (the end-of-slot label;
 # eos: the label before the option), NOISE=paper|fairseq (canvas keeps U{0..n} or U{0..n-1} target tokens)
-# and SPAN_TARGETS=sum|fairseq (a token repeated in a span: weights summed, or fairseq's last one) (ours).
+# SPAN_TARGETS=sum|fairseq (a token repeated in a span: weights summed, or fairseq's last one) and
+# ALIGN=rightmost|leftmost (a repeated canvas token's target position; leftmost: fairseq's libnat) (ours).
 # Resumes from SAVE_DIR/checkpoint_last.pt.
 set -euo pipefail
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -23,7 +24,8 @@ case "$IMPL" in
   ours)    SYS=(--task nat_translation --arch insertion --criterion insertion_loss
                 --insertion-loss "${LOSS:-binary_tree}" --insertion-tau "${TAU:-1.0}"
                 --insertion-softmax "${SOFTMAX:-slot}" --insertion-end-symbol "${END:-pad}"
-                --deletion-noise "${NOISE:-paper}" --insertion-span-targets "${SPAN_TARGETS:-sum}") ;;
+                --deletion-noise "${NOISE:-paper}" --insertion-span-targets "${SPAN_TARGETS:-sum}"
+                --insertion-alignment "${ALIGN:-rightmost}") ;;
   fairseq) SYS=(--task translation_lev --noise random_delete --arch insertion_transformer --criterion nat_loss) ;;
   *) echo "error: IMPL must be 'ours' or 'fairseq', got '$IMPL'" >&2; exit 1 ;;
 esac

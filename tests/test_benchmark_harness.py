@@ -457,6 +457,21 @@ def test_descriptive_keys_are_checked_against_the_run():
     _check_info({"loss": "uniform"}, run, model, "d")
     with pytest.raises(SystemExit, match="has none"):
         _check_info({"loss": "uniform"}, run, SimpleNamespace(args=SimpleNamespace()), "d")
+    # rollin: ours from --levt-rollin, fairseq's levenshtein_transformer is "fairseq"
+    _check_info({"rollin": "paper"}, run, SimpleNamespace(args=SimpleNamespace(levt_rollin="paper")), "d")
+    with pytest.raises(SystemExit, match="rollin=paper but the checkpoint was trained with the fairseq roll-in"):
+        _check_info({"rollin": "paper"}, run, SimpleNamespace(args=SimpleNamespace(levt_rollin="fairseq")), "d")
+    from fairseq.models.nat.levenshtein_transformer import LevenshteinTransformerModel
+
+    fs_levt = LevenshteinTransformerModel.__new__(LevenshteinTransformerModel)  # no weights needed
+    _check_info({"rollin": "fairseq"}, run, fs_levt, "d")
+    with pytest.raises(SystemExit, match="rollin=paper but the checkpoint was trained with the fairseq"):
+        _check_info({"rollin": "paper"}, run, fs_levt, "d")
+    with pytest.raises(SystemExit, match="names a Levenshtein roll-in but the model has none"):
+        _check_info({"rollin": "paper"}, run, model, "d")
+    assert dec.format_decoding(dec.parse_decoding("rollin=fairseq,iter=10")) == "iter=10,rollin=fairseq"
+    with pytest.raises(ValueError, match="expected one of paper, fairseq"):
+        dec.parse_decoding("iter=10,rollin=beta")
 
 
 def test_training_wall_time_sums_the_runs_of_a_resumed_log(tmp_path):

@@ -138,6 +138,89 @@ def test_fairseq_span_targets_equal_fairseqs_own(model_task):
     assert float(t.sum(-1)[masks].min()) < 0.99, "some span lost a repeated token's weight"
 
 
+def test_fairseq_options_give_fairseqs_loss_on_any_canvas(model_task):
+    """With every fairseq option (``--insertion-end-symbol pad --insertion-span-targets fairseq
+    --insertion-alignment leftmost``) the loss is the cross-entropy against fairseq's own
+    ``_get_ins_targets`` on any canvas, repeated tokens included: random targets over three symbols,
+    canvases from fairseq's deletion noise."""
+    pytest.importorskip("fairseq.libnat")
+    from fairseq.models.nat.insertion_transformer import _get_ins_targets
+
+    model, task = model_task
+    d = task.target_dictionary
+    s = batch(task, 5)
+    src, lens = s["net_input"]["src_tokens"], s["net_input"]["src_lengths"]
+    g = torch.Generator().manual_seed(5)
+    rows = [torch.randint(d.nspecial, d.nspecial + 3, (int(n),), generator=g).tolist() + [d.eos()]
+            for n in torch.randint(2, 14, (5,), generator=g)]
+    T = max(map(len, rows))
+    tgt = torch.tensor([r + [d.pad()] * (T - len(r)) for r in rows])
+    opts = dict(insertion_end_symbol="pad", insertion_tau=1.0, insertion_span_targets="fairseq",
+                insertion_alignment="leftmost", deletion_noise="fairseq")
+    saved = {k: getattr(model.args, k) for k in opts}
+    vars(model.args).update(opts)
+    try:
+        for seed in range(4):
+            torch.manual_seed(seed)
+            canvas = model.inject_noise(tgt)
+            with torch.no_grad():
+                loss = float(model(src, lens, canvas, tgt)["insertion"]["loss"])
+                lp = model.decoder.forward_slots(canvas, model.encoder(src, src_lengths=lens),
+                                                 normalize=True)
+            full = torch.cat([torch.full((5, 1), d.bos()), tgt], 1)
+            t = _get_ins_targets(canvas, full, d.pad(), d.unk(), len(d), tau=1.0).type_as(lp)
+            masks = canvas[:, 1:].ne(d.pad())
+            assert loss == pytest.approx(float(-(t * lp).sum(-1)[masks].mean()), abs=1e-4)
+            model.args.insertion_alignment = "rightmost"
+            with torch.no_grad():
+                other = float(model(src, lens, canvas, tgt)["insertion"]["loss"])
+            model.args.insertion_alignment = "leftmost"
+            assert other != pytest.approx(loss, abs=1e-4), "the rows must hold repeated canvas tokens"
+    finally:
+        vars(model.args).update(saved)
+
+
+def test_leftmost_alignment_is_the_greedy_embedding_and_libnats():
+    """--insertion-alignment leftmost: each canvas token sits at its leftmost possible target position
+    (a plain left-to-right loop), which is the alignment of libnat's edit path; rightmost is the loop
+    from the right.  Random subsequences of targets over 3 symbols (many repeats)."""
+    from fairseq_nat_ext.models.nat.insertion import leftmost_keep
+    from fairseq_nat_ext.oracles.levenshtein import levenshtein_oracle
+
+    libnat = pytest.importorskip("fairseq.libnat")
+    g = torch.Generator().manual_seed(3)
+    pad, mask = 1, 3
+    B = 64
+    tgts, canv = [], []
+    for _ in range(B):
+        n = int(torch.randint(1, 12, (1,), generator=g))
+        t = [0] + torch.randint(4, 7, (n,), generator=g).tolist() + [2]
+        keep = torch.rand(len(t) - 2, generator=g) < 0.5
+        canv.append([0] + [x for x, k in zip(t[1:-1], keep.tolist()) if k] + [2])
+        tgts.append(t)
+    T, C = max(map(len, tgts)), max(map(len, canv))
+    tgt = torch.tensor([t + [pad] * (T - len(t)) for t in tgts])
+    canvas = torch.tensor([c + [pad] * (C - len(c)) for c in canv])
+    left = leftmost_keep(canvas, tgt, pad, mask)
+    right = levenshtein_oracle(canvas, tgt, pad, mask).keep_tgt
+    ed = libnat.suggested_ed2_path(canv, tgts, pad)  # per row: cell k = inserts before canvas token k
+    differ = 0
+    for b in range(B):
+        pos, j = [], 0
+        for k, x in enumerate(tgts[b]):
+            if j < len(canv[b]) and x == canv[b][j]:
+                pos.append(k)
+                j += 1
+        assert j == len(canv[b])
+        assert sorted(left[b].nonzero().flatten().tolist()) == pos
+        assert sorted(right[b].nonzero().flatten().tolist()) == canvas_positions(canv[b], tgts[b])
+        # libnat: the tokens inserted before each canvas token = the gaps between our kept positions
+        gaps = [tgts[b][p0 + 1:p1] for p0, p1 in zip(pos, pos[1:])]
+        assert [[x for x in ins if x != pad] for ins in ed[b][1:len(canv[b])]] == gaps
+        differ += pos != canvas_positions(canv[b], tgts[b])
+    assert differ > 5, "the sample must exercise repeated tokens"
+
+
 @pytest.mark.parametrize("end", ["pad", "eos"])
 def test_decoding_stops_slots_on_the_checkpoints_end_label(model_task, monkeypatch, end):
     """New models (the arch's default) label an empty slot <pad>, an output-only row of the shared

@@ -8,10 +8,10 @@
 #   bash examples/benchmark/edit_based.sh
 #
 # Rows written to $OUT (upserted; other rows are kept):
-#   levenshtein                       iter=10                          distilled En->De
-#   fairseq:levenshtein_transformer   iter=10                          distilled En->De
+#   levenshtein                       iter=10,rollin=paper (LEVT_ROLLIN)  distilled En->De
+#   fairseq:levenshtein_transformer   iter=10,rollin=fairseq              distilled En->De
 #   insertion                         iter=10,loss=binary_tree / loss=uniform, parallel decoding
-#   fairseq:insertion_transformer     iter=10 (fs_ins: --label-tau unset, uniform slot weights);
+#   fairseq:insertion_transformer     iter=10,loss=uniform (fs_ins: --label-tau unset, uniform weights);
 #                                     iter=10,loss=binary_tree (fs_ins_bt: trained with --label-tau)
 #   kermit                            iter=10,dir=en-de and iter=10,dir=de-en (raw data; De->En is
 #                                     scored against the raw English reference)
@@ -24,6 +24,7 @@
 #   <SYS>_CKPT, <SYS>_TRAIN_LOG, <SYS>_UPDATES, <SYS>_WALL_S  (default $REPO/runs/<sys>/checkpoint_avg.pt
 #                 and the train.log beside it) for SYS in LEVT FS_LEVT INS_BT INS_UNI FS_INS FS_INS_BT KERMIT
 #   ITER          --iter-decode-max-iter for every system (default 10)
+#   LEVT_ROLLIN   the roll-in our LevT checkpoint was trained with (--levt-rollin; default paper; checked)
 #   KERMIT_EOS_PENALTY_EN_DE, KERMIT_EOS_PENALTY_DE_EN  --iter-decode-eos-penalty of KERMIT's rows (default:
 #                 none; choose them on the validation split with fairseq_nat_ext.evaluation.tune_eos_penalty)
 #   SYSTEMS       subset of "levt fs_levt ins_bt ins_uni fs_ins fs_ins_bt kermit" (default: all but fs_ins_bt)
@@ -34,6 +35,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 RAW_DATA_BIN="${RAW_DATA_BIN:-$REPO/runs/m30k/data-bin}"
 REF_EN="${REF_EN:-$SHARED/data/multi30k/test_2016_flickr.en.gz}"
 ITER="${ITER:-10}"
+LEVT_ROLLIN="${LEVT_ROLLIN:-paper}"
 ALL_SYSTEMS="levt fs_levt ins_bt ins_uni fs_ins fs_ins_bt kermit"
 SYSTEMS="${SYSTEMS:-levt fs_levt ins_bt ins_uni fs_ins kermit}"
 # shellcheck disable=SC2086  # a list
@@ -51,6 +53,7 @@ for s in $SYSTEMS; do COMMAND+="$(command_settings "$(echo "$s" | tr '[:lower:]'
 for v in KERMIT_EOS_PENALTY_EN_DE KERMIT_EOS_PENALTY_DE_EN; do
     if want kermit && [[ -n "${!v:-}" ]]; then COMMAND+=" $v=${!v}"; fi
 done
+if want levt; then COMMAND+=" LEVT_ROLLIN=$LEVT_ROLLIN"; fi
 COMMAND+=" SYSTEMS='$SYSTEMS'"
 finish_command
 harness_options
@@ -68,11 +71,11 @@ row() {  # row SYSTEM SRC TGT REF DATA_BIN DISTILLED DECODING
         --system-ckpt "${!ckpt}" "$6" --decoding "$7" $(train_stats "$p")
 }
 
-want levt && row levt en de "$RAW_REF" "$DATA_BIN" --distilled "iter=$ITER"
-want fs_levt && row fs_levt en de "$RAW_REF" "$DATA_BIN" --distilled "iter=$ITER"
+want levt && row levt en de "$RAW_REF" "$DATA_BIN" --distilled "iter=$ITER,rollin=$LEVT_ROLLIN"
+want fs_levt && row fs_levt en de "$RAW_REF" "$DATA_BIN" --distilled "iter=$ITER,rollin=fairseq"
 want ins_bt && row ins_bt en de "$RAW_REF" "$DATA_BIN" --distilled "iter=$ITER,loss=binary_tree"
 want ins_uni && row ins_uni en de "$RAW_REF" "$DATA_BIN" --distilled "iter=$ITER,loss=uniform"
-want fs_ins && row fs_ins en de "$RAW_REF" "$DATA_BIN" --distilled "iter=$ITER"
+want fs_ins && row fs_ins en de "$RAW_REF" "$DATA_BIN" --distilled "iter=$ITER,loss=uniform"
 want fs_ins_bt && row fs_ins_bt en de "$RAW_REF" "$DATA_BIN" --distilled "iter=$ITER,loss=binary_tree"
 if want kermit; then  # one checkpoint, both directions, raw data
     pen_en_de="${KERMIT_EOS_PENALTY_EN_DE:+,eos_penalty=$KERMIT_EOS_PENALTY_EN_DE}"

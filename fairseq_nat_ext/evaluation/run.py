@@ -370,7 +370,19 @@ def _build_generator(task, models, d, args, name):
 
 
 def _check_info(info, args, model, d):
-    """``dir`` must be the benchmarked direction, ``loss`` the checkpoint's insertion loss."""
+    """``dir`` must be the benchmarked direction, ``loss`` the checkpoint's insertion loss, ``rollin``
+    the checkpoint's Levenshtein roll-in."""
+    if "rollin" in info:
+        margs = getattr(model, "args", None)
+        if type(model).__name__ == "LevenshteinTransformerModel" and type(model).__module__.startswith("fairseq."):
+            trained = "fairseq"  # fairseq's levenshtein_transformer: placeholders filled by its predictions
+        elif margs is not None and hasattr(margs, "levt_rollin"):
+            trained = margs.levt_rollin or "paper"
+        else:
+            raise SystemExit(f"error: decoding {d}: rollin= names a Levenshtein roll-in but the model has none")
+        if info["rollin"] != trained:
+            raise SystemExit(f"error: decoding {d}: rollin={info['rollin']} but the checkpoint was trained "
+                             f"with the {trained} roll-in (--levt-rollin)")
     if "dir" in info and info["dir"] != f"{args.src_lang}-{args.tgt_lang}":
         raise SystemExit(f"error: decoding {d}: dir={info['dir']} but the run decodes "
                          f"{args.src_lang}-{args.tgt_lang} (--src-lang/--tgt-lang)")

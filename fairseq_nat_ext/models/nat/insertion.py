@@ -105,6 +105,11 @@ class InsertionModel(EditNATModel):
                                  "default: Stern et al.'s loss) or only its last occurrence's counts "
                                  "(fairseq: insertion_transformer's scatter_ overwrites, so the span's "
                                  "target sums to less than 1)")
+        parser.add_argument("--insertion-alignment", choices=["rightmost", "leftmost"],
+                            help="a canvas token that occurs more than once in the target is aligned to "
+                                 "its rightmost possible occurrence (default) or its leftmost one "
+                                 "(fairseq: libnat's edit path prefers insertions); both are exact oracles "
+                                 "and differ only in which slot a missing repeated token is assigned to")
         parser.add_argument("--insertion-softmax", choices=["slot", "joint"],
                             help="slot: one softmax over the vocabulary per slot, p(c | l) (default); "
                                  "joint: Stern et al.'s p(c, l), one softmax over every (slot, token) "
@@ -133,7 +138,10 @@ class InsertionModel(EditNATModel):
         canvas = prev_output_tokens
         enc = self.encoder(src_tokens, src_lengths=src_lengths)
         # which target tokens are on the canvas: the oracle's alignment (a subsequence keeps all)
-        keep = levenshtein_oracle(canvas, tgt, pad, self.mask_idx).keep_tgt
+        if getattr(self.args, "insertion_alignment", None) == "leftmost":
+            keep = leftmost_keep(canvas, tgt, pad, self.mask_idx)
+        else:
+            keep = levenshtein_oracle(canvas, tgt, pad, self.mask_idx).keep_tgt
         o = insertion_oracle(tgt, keep, pad, tau=self.span_tau())
         joint = self.joint_softmax
         lp = self.decoder.forward_slots(canvas, enc, normalize=True, joint=joint).float()  # (B, S, V)
@@ -162,6 +170,24 @@ class InsertionModel(EditNATModel):
             loss = slot_loss.sum() / n
             smooth = smooth.sum() / n
         return {"insertion": {"loss": loss, "nll_loss": loss.detach(), "smooth": smooth, "factor": 1.0}}
+
+
+def flip_padded(x, pad):
+    """x (B, T) right-padded with ``pad`` -> each row's real tokens in reverse order, padding kept."""
+    T = x.size(1)
+    n = x.ne(pad).sum(1, keepdim=True)
+    i = torch.arange(T, device=x.device).unsqueeze(0)
+    return x.gather(1, torch.where(i < n, n - 1 - i, i))
+
+
+def leftmost_keep(canvas, tgt, pad, mask):
+    """bool (B, m): the target positions of the canvas tokens, each aligned to its leftmost possible
+    occurrence (for a canvas that is a subsequence of the target, as in training, this is the greedy
+    left-to-right embedding and libnat's ``suggested_ed2_path``, whose backtrace prefers insertions).
+    :func:`levenshtein_oracle` aligns to the rightmost one; reversing both sequences turns one into the
+    other."""
+    keep = levenshtein_oracle(flip_padded(canvas, pad), flip_padded(tgt, pad), pad, mask).keep_tgt
+    return flip_padded(torch.where(tgt.ne(pad), keep.long(), -1), -1).eq(1)
 
 
 def overwritten(slot, tgt, missing):
@@ -213,6 +239,7 @@ def span_tau(args):
 def insertion_base(args):
     arch_defaults(args, insertion_loss="binary_tree", insertion_tau=1.0, insertion_softmax="slot",
                   insertion_end_symbol="pad", deletion_noise="paper", insertion_span_targets="sum",
+                  insertion_alignment="rightmost",
                   share_all_embeddings=True, dropout=0.3, apply_bert_init=True)
     transformer_base_architecture(args)
 
