@@ -470,6 +470,14 @@ def test_descriptive_keys_are_checked_against_the_run():
     with pytest.raises(SystemExit, match="names a Levenshtein roll-in but the model has none"):
         _check_info({"rollin": "paper"}, run, model, "d")
     assert dec.format_decoding(dec.parse_decoding("rollin=fairseq,iter=10")) == "iter=10,rollin=fairseq"
+    # softmax: the checkpoint's --insertion-softmax (checkpoints from before the option: slot)
+    _check_info({"softmax": "slot"}, run, model, "d")
+    with pytest.raises(SystemExit, match="softmax=joint but the checkpoint was trained with the slot softmax"):
+        _check_info({"softmax": "joint"}, run, model, "d")
+    model.args.insertion_softmax = "joint"
+    _check_info({"softmax": "joint", "loss": "uniform"}, run, model, "d")
+    with pytest.raises(SystemExit, match="names an insertion softmax but the model has none"):
+        _check_info({"softmax": "slot"}, run, SimpleNamespace(args=SimpleNamespace(levt_rollin="paper")), "d")
     with pytest.raises(ValueError, match="expected one of paper, fairseq"):
         dec.parse_decoding("iter=10,rollin=beta")
 

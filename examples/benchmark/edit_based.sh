@@ -10,7 +10,9 @@
 # Rows written to $OUT (upserted; other rows are kept):
 #   levenshtein                       iter=10,rollin=paper (LEVT_ROLLIN)  distilled En->De
 #   fairseq:levenshtein_transformer   iter=10,rollin=fairseq              distilled En->De
-#   insertion                         iter=10,loss=binary_tree / loss=uniform, parallel decoding
+#   insertion                         iter=10,loss=binary_tree / loss=uniform, parallel decoding;
+#                                     iter=10,loss=binary_tree,softmax=joint (ins_joint: trained with
+#                                     --insertion-softmax joint, Stern et al.'s p(content, slot))
 #   fairseq:insertion_transformer     iter=10,loss=uniform (fs_ins: --label-tau unset, uniform weights);
 #                                     iter=10,loss=binary_tree (fs_ins_bt: trained with --label-tau)
 #   kermit                            iter=10,dir=en-de and iter=10,dir=de-en (raw data; De->En is
@@ -22,12 +24,14 @@
 #   RAW_DATA_BIN  raw data-bin for KERMIT (default $REPO/runs/m30k/data-bin)
 #   REF_EN        raw English reference for De->En (default the shared test_2016_flickr.en.gz)
 #   <SYS>_CKPT, <SYS>_TRAIN_LOG, <SYS>_UPDATES, <SYS>_WALL_S  (default $REPO/runs/<sys>/checkpoint_avg.pt
-#                 and the train.log beside it) for SYS in LEVT FS_LEVT INS_BT INS_UNI FS_INS FS_INS_BT KERMIT
+#                 and the train.log beside it) for SYS in LEVT FS_LEVT INS_BT INS_UNI FS_INS FS_INS_BT INS_JOINT
+#                 KERMIT
 #   ITER          --iter-decode-max-iter for every system (default 10)
 #   LEVT_ROLLIN   the roll-in our LevT checkpoint was trained with (--levt-rollin; default paper; checked)
 #   KERMIT_EOS_PENALTY_EN_DE, KERMIT_EOS_PENALTY_DE_EN  --iter-decode-eos-penalty of KERMIT's rows (default:
 #                 none; choose them on the validation split with fairseq_nat_ext.evaluation.tune_eos_penalty)
-#   SYSTEMS       subset of "levt fs_levt ins_bt ins_uni fs_ins fs_ins_bt kermit" (default: all but fs_ins_bt)
+#   SYSTEMS       subset of "levt fs_levt ins_bt ins_uni fs_ins fs_ins_bt ins_joint kermit" (default: all but
+#                 fs_ins_bt and ins_joint)
 set -euo pipefail
 NAME=edit_based
 # shellcheck source=lib.sh
@@ -36,7 +40,7 @@ RAW_DATA_BIN="${RAW_DATA_BIN:-$REPO/runs/m30k/data-bin}"
 REF_EN="${REF_EN:-$SHARED/data/multi30k/test_2016_flickr.en.gz}"
 ITER="${ITER:-10}"
 LEVT_ROLLIN="${LEVT_ROLLIN:-paper}"
-ALL_SYSTEMS="levt fs_levt ins_bt ins_uni fs_ins fs_ins_bt kermit"
+ALL_SYSTEMS="levt fs_levt ins_bt ins_uni fs_ins fs_ins_bt ins_joint kermit"
 SYSTEMS="${SYSTEMS:-levt fs_levt ins_bt ins_uni fs_ins kermit}"
 # shellcheck disable=SC2086  # a list
 check_systems $ALL_SYSTEMS
@@ -77,6 +81,7 @@ want ins_bt && row ins_bt en de "$RAW_REF" "$DATA_BIN" --distilled "iter=$ITER,l
 want ins_uni && row ins_uni en de "$RAW_REF" "$DATA_BIN" --distilled "iter=$ITER,loss=uniform"
 want fs_ins && row fs_ins en de "$RAW_REF" "$DATA_BIN" --distilled "iter=$ITER,loss=uniform"
 want fs_ins_bt && row fs_ins_bt en de "$RAW_REF" "$DATA_BIN" --distilled "iter=$ITER,loss=binary_tree"
+want ins_joint && row ins_joint en de "$RAW_REF" "$DATA_BIN" --distilled "iter=$ITER,loss=binary_tree,softmax=joint"
 if want kermit; then  # one checkpoint, both directions, raw data
     pen_en_de="${KERMIT_EOS_PENALTY_EN_DE:+,eos_penalty=$KERMIT_EOS_PENALTY_EN_DE}"
     pen_de_en="${KERMIT_EOS_PENALTY_DE_EN:+,eos_penalty=$KERMIT_EOS_PENALTY_DE_EN}"

@@ -25,14 +25,15 @@ key             fairseq option                   type     used by
 ``dir``         (checked: ``SRC-TGT``)           str      a model that translates both ways (KERMIT)
 ``loss``        (checked: the checkpoint's)      str      which training loss the row's model used
 ``rollin``      (checked: the checkpoint's)      choice   Levenshtein: ``paper`` or ``fairseq`` roll-in
+``softmax``     (checked: the checkpoint's)      choice   Insertion: ``slot`` p(c | l) or ``joint`` p(c, l)
 ``dedup``       task ``--collapse-repeats``      bool     any system: consecutive repeated tokens of each
                                                           hypothesis collapsed (by the harness)
 ==============  ===============================  =======  ==========================================
 
-``order`` is set on the task's config before its generator is built.  ``dir``, ``loss`` and
-``rollin`` set nothing: they name the row, and the harness checks them against the run (``--src-lang``/
-``--tgt-lang``; the checkpoint's ``--insertion-loss``; its ``--levt-rollin``, fairseq's
-``levenshtein_transformer`` being ``fairseq``).  ``dedup`` is applied by the harness to the
+``order`` is set on the task's config before its generator is built.  ``dir``, ``loss``, ``rollin``
+and ``softmax`` set nothing: they name the row, and the harness checks them against the run
+(``--src-lang``/``--tgt-lang``; the checkpoint's ``--insertion-loss``; its ``--levt-rollin``, fairseq's
+``levenshtein_transformer`` being ``fairseq``; its ``--insertion-softmax``).  ``dedup`` is applied by the harness to the
 hypotheses of every kind of system (fairseq's built-in models and the teacher included, inside the
 timed decoding) with the same function as nat_translation's ``--collapse-repeats``
 (``generators/postprocess.py``).
@@ -74,11 +75,13 @@ KEYS = {
     "dir": (None, str, "info"),
     "loss": (None, str, "info"),
     "rollin": (None, str, "info"),
+    "softmax": (None, str, "info"),
     "dedup": ("collapse_repeats", bool, "post"),
 }
 #: allowed values of the string keys (the others: one word)
 CHOICES = {"fertility": ("aligner", "attention"), "order": ("parallel", "sequential"), "rank": ("total", "mean"),
-           "loss": ("binary_tree", "uniform"), "rollin": ("paper", "fairseq")}
+           "loss": ("binary_tree", "uniform"), "rollin": ("paper", "fairseq"),
+           "softmax": ("slot", "joint")}
 _WORD_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
 #: integer keys whose smallest value is 0 (the others: 1)
 ZERO_OK = ("max_len_b", "iter")

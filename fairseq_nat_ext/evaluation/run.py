@@ -371,7 +371,16 @@ def _build_generator(task, models, d, args, name):
 
 def _check_info(info, args, model, d):
     """``dir`` must be the benchmarked direction, ``loss`` the checkpoint's insertion loss, ``rollin``
-    the checkpoint's Levenshtein roll-in."""
+    the checkpoint's Levenshtein roll-in, ``softmax`` its insertion softmax."""
+    if "softmax" in info:
+        from ..models.nat.insertion import insertion_softmax
+
+        margs = getattr(model, "args", None)
+        if margs is None or not hasattr(margs, "insertion_tau"):
+            raise SystemExit(f"error: decoding {d}: softmax= names an insertion softmax but the model has none")
+        if info["softmax"] != insertion_softmax(margs):
+            raise SystemExit(f"error: decoding {d}: softmax={info['softmax']} but the checkpoint was trained "
+                             f"with the {insertion_softmax(margs)} softmax (--insertion-softmax)")
     if "rollin" in info:
         margs = getattr(model, "args", None)
         if type(model).__name__ == "LevenshteinTransformerModel" and type(model).__module__.startswith("fairseq."):
