@@ -62,3 +62,25 @@ def test_every_rows_bleu_recomputes_from_its_hypotheses(path, shared_data):
         assert bleu == pytest.approx(row["bleu"], abs=0.01), f"{row['system']} {row['decoding']}"
         checked += 1
     assert checked > 0
+
+
+#: tables whose rows may differ in training budget, and why (their status entries in docs/benchmarks.md say so)
+MIXED_BUDGETS = {
+    "nat_speed.json": "decoding-speed table: each row compares with the same checkpoint in nat_speed_before",
+    "nat_speed_before.json": "decoding-speed table: the same checkpoints as nat_speed, decoded by older code",
+}
+
+
+@pytest.mark.parametrize("path", TABLES, ids=os.path.basename)
+def test_every_table_holds_one_budget_and_one_data_condition(path):
+    """Rows other than the teacher's and the reference were trained with one budget and on one kind of
+    targets (distilled or raw), so that no reader compares unlike rows.  The Imputer continues its CTC
+    model (its budget is that model's plus its own updates): its rows are checked among themselves."""
+    with open(path) as f:
+        rows = [r for r in json.load(f)["rows"] if r["system"] not in ("reference", "fairseq:transformer")]
+    assert len({r["distilled"] for r in rows}) <= 1, "rows trained on distilled and on raw targets"
+    if os.path.basename(path) in MIXED_BUDGETS:
+        return
+    budgets = {r["train_updates"] for r in rows if r["system"] != "imputer"}
+    assert len(budgets) <= 1, f"rows of several budgets: {sorted(budgets)}"
+    assert len({r["train_updates"] for r in rows if r["system"] == "imputer"}) <= 1
