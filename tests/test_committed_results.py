@@ -84,3 +84,21 @@ def test_every_table_holds_one_budget_and_one_data_condition(path):
     budgets = {r["train_updates"] for r in rows if r["system"] != "imputer"}
     assert len(budgets) <= 1, f"rows of several budgets: {sorted(budgets)}"
     assert len({r["train_updates"] for r in rows if r["system"] == "imputer"}) <= 1
+
+
+@pytest.mark.parametrize("script,systems,hint", [
+    ("edit_based.sh", "ins_bt kermit", "BENCHMARK_NAME=edit_based_kermit"),
+    ("ctc_imputer.sh", "teacher ctc mp", "BENCHMARK_NAME=ctc_imputer_mask_predict"),
+    ("fertility_refinement.sh", "teacher fert_aligner fert_aligner_raw", "BENCHMARK_NAME=fertility_refinement_raw"),
+])
+def test_benchmark_scripts_refuse_to_mix_budgets_or_data_in_one_table(script, systems, hint, tmp_path):
+    """The scripts whose systems span two budgets or data conditions measure them only in separate
+    tables: asked for both at once they stop before loading anything, naming the separate run."""
+    import subprocess
+
+    env = dict(os.environ, SYSTEMS=systems, OUT=str(tmp_path / "t.json"))
+    p = subprocess.run(["bash", os.path.join(ROOT, "examples", "benchmark", script)], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0
+    assert "mixes" in p.stderr and hint in p.stderr, p.stderr
+    assert not (tmp_path / "t.json").exists()

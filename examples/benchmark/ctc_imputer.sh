@@ -29,7 +29,9 @@
 #   MP_CKPT           default $REPO/runs/mp_ours/checkpoint_avg.pt
 #   <SYS>_TRAIN_LOG, <SYS>_UPDATES, <SYS>_WALL_S  for SYS in CTC IMPUTER MP (default: train.log beside
 #                     the checkpoint when it exists, else the checkpoint)
-#   SYSTEMS           which rows to (re)measure, default "teacher ctc imputer mp reference"
+#   SYSTEMS           which rows to (re)measure, default "teacher ctc imputer reference"; mp (Mask-Predict,
+#                     another budget) only without ctc and imputer, into its own table
+#                     (BENCHMARK_NAME=ctc_imputer_mask_predict SYSTEMS='teacher mp reference')
 set -euo pipefail
 NAME=ctc_imputer
 # shellcheck source=lib.sh
@@ -38,8 +40,9 @@ TRAIN_DATA_BIN="${TRAIN_DATA_BIN:-$DATA_BIN}"
 CTC_CKPT="${CTC_CKPT:-$REPO/runs/ctc/checkpoint_avg.pt}"
 IMPUTER_CKPT="${IMPUTER_CKPT:-$REPO/runs/imputer/checkpoint_avg.pt}"
 MP_CKPT="${MP_CKPT:-$REPO/runs/mp_ours/checkpoint_avg.pt}"
-SYSTEMS="${SYSTEMS:-teacher ctc imputer mp reference}"
+SYSTEMS="${SYSTEMS:-teacher ctc imputer reference}"
 check_systems teacher ctc imputer mp reference
+separate_table mp "measure Mask-Predict (its own budget) in its own table, e.g. BENCHMARK_NAME=ctc_imputer_mask_predict SYSTEMS='teacher mp reference'"
 [[ -d "$DATA_BIN" ]] || die "DATA_BIN $DATA_BIN: no such directory"
 [[ -d "$TRAIN_DATA_BIN" ]] || die "TRAIN_DATA_BIN $TRAIN_DATA_BIN: no such directory"
 [[ -f "$RAW_REF" ]] || die "RAW_REF $RAW_REF: no such file"

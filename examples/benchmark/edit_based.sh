@@ -30,8 +30,9 @@
 #   LEVT_ROLLIN   the roll-in our LevT checkpoint was trained with (--levt-rollin; default paper; checked)
 #   KERMIT_EOS_PENALTY_EN_DE, KERMIT_EOS_PENALTY_DE_EN  --iter-decode-eos-penalty of KERMIT's rows (default:
 #                 none; choose them on the validation split with fairseq_nat_ext.evaluation.tune_eos_penalty)
-#   SYSTEMS       subset of "levt fs_levt ins_bt ins_uni fs_ins fs_ins_bt ins_joint kermit" (default: all but
-#                 fs_ins_bt and ins_joint)
+#   SYSTEMS       subset of "levt fs_levt ins_bt ins_uni fs_ins fs_ins_bt ins_joint kermit" (default: levt
+#                 fs_levt ins_bt ins_uni fs_ins); kermit (raw data) only alone, into its own table
+#                 (BENCHMARK_NAME=edit_based_kermit SYSTEMS=kermit)
 set -euo pipefail
 NAME=edit_based
 # shellcheck source=lib.sh
@@ -41,9 +42,10 @@ REF_EN="${REF_EN:-$SHARED/data/multi30k/test_2016_flickr.en.gz}"
 ITER="${ITER:-10}"
 LEVT_ROLLIN="${LEVT_ROLLIN:-paper}"
 ALL_SYSTEMS="levt fs_levt ins_bt ins_uni fs_ins fs_ins_bt ins_joint kermit"
-SYSTEMS="${SYSTEMS:-levt fs_levt ins_bt ins_uni fs_ins kermit}"
+SYSTEMS="${SYSTEMS:-levt fs_levt ins_bt ins_uni fs_ins}"
 # shellcheck disable=SC2086  # a list
 check_systems $ALL_SYSTEMS
+separate_table kermit "measure KERMIT (raw data) alone, e.g. BENCHMARK_NAME=edit_based_kermit SYSTEMS=kermit"
 for s in $ALL_SYSTEMS; do  # default checkpoints: runs/<system>/checkpoint_avg.pt
     v="$(ckpt_var "$s")"; printf -v "$v" '%s' "${!v:-$REPO/runs/$s/checkpoint_avg.pt}"
 done

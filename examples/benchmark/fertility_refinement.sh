@@ -46,9 +46,10 @@
 #   NPD_SAMPLES       default "1 10 100"
 #   NPD_RANKS         NPD rankings, default "total" (the paper's; "total mean" measures both)
 #   RERANK_BEAM       length candidates of the fairseq_rerank row (default 10)
-#   SYSTEMS           which rows to (re)measure, default "teacher fert_aligner fert_attention
-#                     fert_aligner_raw fert_attention_raw refine fairseq_nat fairseq_rerank fairseq_iter
-#                     reference"
+#   SYSTEMS           which rows to (re)measure, default "teacher fert_aligner fert_attention refine
+#                     fairseq_nat fairseq_rerank fairseq_iter reference"; fert_aligner_raw and
+#                     fert_attention_raw (raw data) only without the distilled systems, into their own
+#                     table (BENCHMARK_NAME=fertility_refinement_raw)
 set -euo pipefail
 NAME=fertility_refinement
 # shellcheck source=lib.sh
@@ -65,9 +66,11 @@ NPD_SAMPLES="${NPD_SAMPLES:-1 10 100}"
 NPD_RANKS="${NPD_RANKS:-total}"
 RERANK_BEAM="${RERANK_BEAM:-10}"
 ALL_SYSTEMS="teacher fert_aligner fert_attention fert_aligner_raw fert_attention_raw refine fairseq_nat fairseq_rerank fairseq_iter reference"
-SYSTEMS="${SYSTEMS:-$ALL_SYSTEMS}"
+DEFAULT_SYSTEMS="teacher fert_aligner fert_attention refine fairseq_nat fairseq_rerank fairseq_iter reference"
+SYSTEMS="${SYSTEMS:-$DEFAULT_SYSTEMS}"
 # shellcheck disable=SC2086  # a list
 check_systems $ALL_SYSTEMS
+separate_table "fert_aligner_raw fert_attention_raw" "measure the raw-data models in their own table, e.g. BENCHMARK_NAME=fertility_refinement_raw SYSTEMS='teacher fert_aligner_raw fert_attention_raw reference'"
 
 # system -> variable prefix (fairseq_rerank is fairseq_nat's model with the teacher as reranker)
 prefix() { if [[ "$1" == fairseq_rerank ]]; then echo FAIRSEQ_NAT; else echo "$1" | tr '[:lower:]' '[:upper:]'; fi; }
@@ -93,7 +96,7 @@ for s in $SYSTEMS; do
 done
 [[ " $SYSTEMS " == *" fairseq_rerank "* && " $SYSTEMS " != *" fairseq_nat "* ]] && COMMAND+=" FAIRSEQ_NAT_CKPT=$FAIRSEQ_NAT_CKPT"
 COMMAND+=" NPD_SAMPLES='$NPD_SAMPLES' NPD_RANKS='$NPD_RANKS' RERANK_BEAM=$RERANK_BEAM"
-[[ "$SYSTEMS" != "$ALL_SYSTEMS" ]] && COMMAND+=" SYSTEMS='$SYSTEMS'"
+[[ "$SYSTEMS" != "$DEFAULT_SYSTEMS" ]] && COMMAND+=" SYSTEMS='$SYSTEMS'"
 finish_command
 
 DATA_NAME="$DATA_BIN [test, $SRC->$TGT], reference $RAW_REF${LIMIT:+ (first $LIMIT sentences)}"

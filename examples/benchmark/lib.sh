@@ -37,6 +37,17 @@ CUDA="${CUDA:-0}"
 
 die() { echo "error: $*" >&2; exit 1; }
 want() { [[ " $SYSTEMS " == *" $1 "* ]]; }
+separate_table() {  # separate_table "SYS..." HINT: SYS... (another budget or data condition) need their own table
+    local s mine=0 other=0
+    for s in $SYSTEMS; do
+        [[ "$s" == teacher || "$s" == reference ]] && continue
+        if [[ " $1 " == *" $s "* ]]; then mine=1; else other=1; fi
+    done
+    if (( mine && other )); then
+        die "SYSTEMS='$SYSTEMS' mixes $1 with systems of another budget or data condition (one table holds one): $2"
+    fi
+    return 0
+}
 [[ -z "$LIMIT" || "$LIMIT" =~ ^[1-9][0-9]*$ ]] || die "LIMIT must be a positive integer, got '$LIMIT'"
 
 check_systems() {  # check_systems KNOWN...: every word of $SYSTEMS is one of KNOWN
