@@ -6,6 +6,8 @@
 #   LOSS=uniform examples/train_insertion.sh DATA_BIN SAVE_DIR
 #   SOFTMAX=joint examples/train_insertion.sh DATA_BIN SAVE_DIR   # Stern et al.'s joint p(content, slot)
 #   IMPL=fairseq examples/train_insertion.sh DATA_BIN SAVE_DIR
+#   NOISE=fairseq SPAN_TARGETS=fairseq ALIGN=leftmost examples/train_insertion.sh DATA_BIN SAVE_DIR
+#                                      # ours with fairseq's loss (docs/nat.md, "Training like fairseq")
 #
 # Environment overrides: those of examples/lib/train_nat.sh (LAYERS DIM FFN HEADS DROPOUT
 # LABEL_SMOOTHING LR WARMUP MAX_TOKENS MAX_UPDATE SEED THREADS SAVE_INTERVAL_UPDATES AVG INIT_FROM)
