@@ -372,17 +372,16 @@ def _build_generator(task, models, d, args, name):
 def _check_info(info, args, model, d):
     """``dir`` must be the benchmarked direction, ``loss`` the checkpoint's insertion loss, ``rollin``
     the checkpoint's Levenshtein roll-in, ``softmax`` its insertion softmax."""
+    margs = getattr(model, "args", None)
     if "softmax" in info:
         from ..models.nat.insertion import insertion_softmax
 
-        margs = getattr(model, "args", None)
         if margs is None or not hasattr(margs, "insertion_tau"):
             raise SystemExit(f"error: decoding {d}: softmax= names an insertion softmax but the model has none")
         if info["softmax"] != insertion_softmax(margs):
             raise SystemExit(f"error: decoding {d}: softmax={info['softmax']} but the checkpoint was trained "
                              f"with the {insertion_softmax(margs)} softmax (--insertion-softmax)")
     if "rollin" in info:
-        margs = getattr(model, "args", None)
         if type(model).__name__ == "LevenshteinTransformerModel" and type(model).__module__.startswith("fairseq."):
             trained = "fairseq"  # fairseq's levenshtein_transformer: placeholders filled by its predictions
         elif margs is not None and hasattr(margs, "levt_rollin"):
@@ -398,7 +397,6 @@ def _check_info(info, args, model, d):
     if "loss" in info:
         from ..models.nat.insertion import span_tau
 
-        margs = getattr(model, "args", None)
         if margs is not None and hasattr(margs, "label_tau") and not hasattr(margs, "insertion_tau"):
             # fairseq's insertion_transformer: --label-tau unset = uniform slot weights
             trained = "uniform" if margs.label_tau is None else "binary_tree"
