@@ -81,7 +81,7 @@ DEFAULT_DECODING = {
 AR_DEFAULT = "beam=5"
 NAT_DEFAULT = "iter=10"
 #: decoding keys that name a row of a results table and set nothing: no command-line option here
-_NO_OPTION = ("dir", "loss")
+_NO_OPTION = tuple(key for key, (_, _, kind) in dec.KEYS.items() if kind == "info")
 
 
 def _key_option(key):
