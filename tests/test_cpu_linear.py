@@ -114,3 +114,15 @@ def test_without_onednn_everything_takes_torchs_linear(monkeypatch):
     with torch.no_grad(), cpu_linear.decoding():
         assert not cpu_linear.usable(x, w)
         assert torch.equal(cpu_linear.linear(x, w), F.linear(x, w))
+
+
+def test_the_availability_check_draws_nothing_from_torchs_random_generator(monkeypatch):
+    """The check runs at a process's first decoding product: drawing from the global generator there
+    shifted every later sample (a seeded NPD run's fertilities differed between its first and second
+    decoding of the same input)."""
+    monkeypatch.setattr(cpu_linear, "_available", None)  # check again
+    torch.manual_seed(11)
+    want = torch.rand(3)
+    torch.manual_seed(11)
+    cpu_linear.available()
+    assert torch.equal(torch.rand(3), want)

@@ -50,7 +50,7 @@ import os
 import torch
 
 from ..compat import InputError, fairseq_mask_warning_silenced
-from ..modules import cpu_linear, packed
+from ..modules import cpu_linear, encoder_inference, packed
 from ..models.nat.nat_fertility import source_fertility_mask
 from .base import NATGeneratorBase
 from .projection import best_tokens, shared_target_log_probs, target_log_probs, vocab_projection
@@ -153,7 +153,7 @@ def teacher_scores(teacher, src_tokens, src_lengths, order, tokens, lengths, pad
     sources once (or takes their ``encoder_out``), the candidate rows (N, ``order`` maps each to its
     source row) go through its decoder together -> (N,)."""
     prev, target = teacher_forced_inputs(tokens, lengths, pad, eos)
-    enc = teacher.encoder(src_tokens, src_lengths=src_lengths) if encoder_out is None else encoder_out
+    enc = encoder_inference.forward(teacher.encoder, src_tokens, src_lengths) if encoder_out is None else encoder_out
     V = teacher.decoder.output_projection.out_features if getattr(teacher.decoder, "output_projection", None) \
         is not None else len(teacher.decoder.dictionary)
     if int(target.max()) >= V:
@@ -349,7 +349,7 @@ class NPDGenerator(NATGeneratorBase):
         lengths = c["lengths"]
         if s > 1:
             u = c["unique"]
-            enc = self.teacher.encoder(src_tokens, src_lengths=src_lengths)
+            enc = encoder_inference.forward(self.teacher.encoder, src_tokens, src_lengths)
             u_scores = lengths.new_zeros(u.numel(), dtype=torch.float)
             for idx in c["chunks"]:  # the decoder's length-sorted groups (one at batch 1)
                 rows = u[idx]

@@ -15,6 +15,7 @@ from fairseq.models.transformer import TransformerConfig, TransformerEncoder
 from fairseq.modules import transformer_layer
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 
+from . import encoder_inference
 from .attention import EfficientSelfAttention, layer_options, options_from_args, parse_mix
 from .attention.registry import POSITION_TIED_VARIANTS
 
@@ -82,6 +83,10 @@ class EfficientEncoderMixin:
 
     def forward_scriptable(self, src_tokens, src_lengths=None, return_all_hiddens: bool = False,
                            token_embeddings=None):
+        # inside a generator's decoding scope: the same output through the decoding fast path
+        out = encoder_inference.maybe_encode(self, src_tokens, src_lengths, return_all_hiddens, token_embeddings)
+        if out is not None:
+            return out
         if not self.num_added_tokens:
             return super().forward_scriptable(src_tokens, src_lengths, return_all_hiddens, token_embeddings)
         g = self.num_added_tokens
