@@ -49,7 +49,7 @@ separate_table mp "measure Mask-Predict (its own budget) in its own table, e.g. 
 need_ckpts teacher ctc imputer mp
 
 # The command recorded in the results: this script with every setting spelled out.
-COMMAND="DATA_BIN=$DATA_BIN TRAIN_DATA_BIN=$TRAIN_DATA_BIN RAW_REF=$RAW_REF$(command_settings TEACHER CTC IMPUTER MP)"
+COMMAND="DATA_BIN=$DATA_BIN TRAIN_DATA_BIN=$TRAIN_DATA_BIN RAW_REF=$RAW_REF$(wanted_settings teacher ctc imputer mp)"
 finish_command
 
 # Filtered training pairs of the CTC systems -> the results' "data" field (the same for every call:

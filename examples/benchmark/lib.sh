@@ -73,6 +73,12 @@ command_settings() {  # command_settings PREFIX...: " P_CKPT=... P_UPDATES=... P
     echo "$out"
 }
 
+wanted_settings() {  # wanted_settings SYSTEM...: command_settings of each system in $SYSTEMS (a checkpoint
+    local s out=""      # variable's default names no checkpoint the table was measured with)
+    for s in "$@"; do want "$s" && out+="$(command_settings "$(echo "$s" | tr '[:lower:]' '[:upper:]')")"; done
+    echo "$out"
+}
+
 finish_command() {  # the shared settings and this script's name close the recorded COMMAND
     COMMAND+=" THREADS=$THREADS LATENCY_SENTENCES=$LATENCY_SENTENCES${LIMIT:+ LIMIT=$LIMIT}"
     [[ "$CUDA" == 1 ]] && COMMAND+=" CUDA=1"

@@ -49,7 +49,7 @@ check_systems teacher mp cmlm reference
 need_ckpts teacher mp cmlm
 
 # The command recorded in the results: this script with every setting spelled out.
-COMMAND="DATA_BIN=$DATA_BIN RAW_REF=$RAW_REF$(command_settings TEACHER MP CMLM)"
+COMMAND="DATA_BIN=$DATA_BIN RAW_REF=$RAW_REF$(wanted_settings teacher mp cmlm)"
 for v in MP_DECODINGS TEACHER_DECODINGS CMLM_DECODINGS MP_VALID_TUNE; do
   [[ -n "${!v:-}" ]] && COMMAND+=" $v='${!v}'"
 done
