@@ -192,3 +192,37 @@ def test_packed_training_applies_the_decoders_dropout(toy_databin):
             enc = model.encoder(src, src_lengths=src_len)
             x, y = (packed.nat_decoder_features(model.decoder, prev, enc) for _ in range(2))
         assert torch.equal(x, y) != training
+
+
+def _prefix_tree_loop(prev, pad):
+    """The prefix tree by its definition, one position at a time: a node is (its parent node, its
+    token); the new nodes of a position are numbered after all earlier positions' nodes, in the order
+    of (parent id, token)."""
+    N, T = prev.shape
+    node = torch.full((N, T), -1, dtype=torch.long)
+    count = 0
+    for t in range(T):
+        pairs = sorted({(int(node[n, t - 1]) if t else -1, int(prev[n, t])) for n in range(N) if prev[n, t] != pad})
+        ids = {p: count + i for i, p in enumerate(pairs)}
+        for n in range(N):
+            if prev[n, t] != pad:
+                node[n, t] = ids[(int(node[n, t - 1]) if t else -1, int(prev[n, t]))]
+        count += len(pairs)
+    return node
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_prefix_tree_numbers_nodes_as_the_position_loop_does(seed):
+    """Random rows over 3 symbols (many shared prefixes), right-padded to random lengths (some rows
+    empty): the same node ids as the loop over positions (the numbering the teacher's features follow)."""
+    g = torch.Generator().manual_seed(seed)
+    pad = 1
+    N, T = int(torch.randint(1, 12, (1,), generator=g)), int(torch.randint(1, 9, (1,), generator=g))
+    prev = torch.randint(4, 7, (N, T), generator=g)
+    prev[:, 0] = 2  # every teacher-forced row starts with </s>
+    lengths = torch.randint(0, T + 1, (N,), generator=g)
+    prev = prev.masked_fill(torch.arange(T).unsqueeze(0) >= lengths.unsqueeze(1), pad)
+    node, ancestor = packed.prefix_tree(prev, pad)
+    assert node.tolist() == _prefix_tree_loop(prev, pad).tolist()
+    K = int(node.max()) + 1 if bool(node.ge(0).any()) else 0
+    assert ancestor.shape == (K, K)

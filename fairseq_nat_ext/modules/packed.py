@@ -180,25 +180,34 @@ def supports_decoder(decoder) -> bool:
 def prefix_tree(prev_output_tokens: Tensor, pad: int):
     """Rows of ONE source's teacher-forced inputs (N, T), right-padded -> (node (N, T) long: the id of the
     prefix prev[n, :t + 1] among the distinct prefixes of all rows, -1 at padding; ancestor (K, K) bool:
-    node i's prefix starts with node j's (j = i included)).  Row-major order of first appearance: node ids
-    increase along a row."""
+    node i's prefix starts with node j's (j = i included)).  Ids are level-major: the distinct prefixes of
+    length 1 first, then those of length 2, ...; within a level in lexicographic order of the tokens.
+
+    Without a loop over positions: sorted lexicographically, the rows that share a prefix of length
+    t + 1 are consecutive (the sequences starting with a given prefix form an interval of the order; a
+    row shorter than t + 1 holds ``pad`` at t and cannot sit inside such an interval of real tokens), so
+    a row starts a new node at t exactly when its prefix differs from the previous sorted row's, and the
+    running count of new nodes down a level numbers them."""
     N, T = prev_output_tokens.shape
+    device = prev_output_tokens.device
     real = prev_output_tokens.ne(pad)
-    node = torch.full((N, T), -1, dtype=torch.long, device=prev_output_tokens.device)
-    parent = torch.full((N,), -1, dtype=torch.long, device=node.device)
-    count = 0
-    for t in range(T):  # a node is (its parent node, its token); T steps of a unique over <= N pairs
-        rows = real[:, t].nonzero().squeeze(1)
-        if rows.numel() == 0:
-            break
-        pair = torch.stack([parent[rows], prev_output_tokens[rows, t]], 1)
-        uniq, inverse = torch.unique(pair, dim=0, return_inverse=True)
-        node[rows, t] = count + inverse
-        parent[rows] = node[rows, t]
-        count += uniq.size(0)
+    if N == 0 or T == 0:
+        return torch.full((N, T), -1, dtype=torch.long, device=device), torch.zeros(0, 0, dtype=torch.bool, device=device)
+    _, rank = torch.unique(prev_output_tokens, dim=0, return_inverse=True)  # lexicographic rank of each row
+    order = torch.argsort(rank, stable=True)
+    rows, live = prev_output_tokens[order], real[order]
+    same = torch.zeros(N, T, dtype=torch.bool, device=device)  # prefix [:t + 1] equals the previous row's
+    same[1:] = (rows[1:] == rows[:-1]).long().cumprod(1).bool()
+    new = live & ~same  # the first row of every distinct prefix, level by level
+    per_level = new.sum(0)  # (T,) nodes of each prefix length
+    offset = torch.cumsum(per_level, 0) - per_level
+    sorted_node = (offset.unsqueeze(0) + new.long().cumsum(0) - 1).masked_fill(~live, -1)
+    node = torch.empty_like(sorted_node)
+    node[order] = sorted_node
+    count = int(per_level.sum())
     # ancestor-or-self pairs: along each row, node at t has the nodes at 0..t as ancestors
-    ancestor = torch.zeros(count, count, dtype=torch.bool, device=node.device)
-    later = torch.ones(T, T, dtype=torch.bool, device=node.device).tril()  # [t, s]: s <= t
+    ancestor = torch.zeros(count, count, dtype=torch.bool, device=device)
+    later = torch.ones(T, T, dtype=torch.bool, device=device).tril()  # [t, s]: s <= t
     both = real.unsqueeze(2) & real.unsqueeze(1) & later  # (N, T, T)
     ancestor[node.unsqueeze(2).expand(N, T, T)[both], node.unsqueeze(1).expand(N, T, T)[both]] = True
     return node, ancestor
