@@ -113,3 +113,31 @@ def tiny_checkpoints(toy_databin, tmp_path_factory):
         return cache[arch]
 
     return get
+
+
+def teacher_test_databin(tmp_path, line_ids):
+    """Lines ``line_ids`` of Multi30K test_2016_flickr with the shared teacher's BPE and dictionary:
+    writes raw.{en,de}, test.{en,de} (BPE) and data-bin/ under ``tmp_path`` -> the teacher's directory.
+    Skips the test where ../shared or fastBPE is absent."""
+    from pathlib import Path
+
+    from fairseq_nat_ext.evaluation import scoring
+
+    teacher, raw = Path(SHARED_DATA) / "multi30k-teacher", Path(SHARED_DATA) / "multi30k"
+    if not (teacher / "teacher.pt").is_file() or not (raw / "test_2016_flickr.en.gz").is_file():
+        pytest.skip("../shared (Multi30K teacher and data) is absent")
+    fastBPE = pytest.importorskip("fastBPE")
+    bpe = fastBPE.fastBPE(str(teacher / "bpe.codes"))
+    for lang in ("en", "de"):
+        lines = scoring.read_lines(raw / f"test_2016_flickr.{lang}.gz")
+        lines = [lines[i] for i in line_ids]
+        (tmp_path / f"raw.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        bpe_lines = bpe.apply(scoring.tokenize(lines, lang))
+        (tmp_path / f"test.{lang}").write_text("\n".join(bpe_lines) + "\n", encoding="utf-8")
+    subprocess.run(
+        [sys.executable, "-m", "fairseq_cli.preprocess", "--source-lang", "en", "--target-lang", "de",
+         "--testpref", str(tmp_path / "test"), "--destdir", str(tmp_path / "data-bin"),
+         "--srcdict", str(teacher / "dict.txt"), "--joined-dictionary", "--workers", "1"],
+        check=True, capture_output=True, env=dict(os.environ, OMP_NUM_THREADS="2"),
+    )
+    return teacher

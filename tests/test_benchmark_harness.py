@@ -20,9 +20,9 @@ from fairseq_nat_ext.evaluation import results as res
 from fairseq_nat_ext.evaluation import scoring
 
 from benchmarks import tables
+from conftest import teacher_test_databin
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "data"
 
 
 # ---- scoring -----------------------------------------------------------------------------------
@@ -380,26 +380,8 @@ E2E_LINES = range(2, 22)  # test_2016_flickr lines 2..21 (0-based)
 
 @pytest.mark.slow
 def test_end_to_end_teacher_beam1(tmp_path):
-    teacher = SHARED / "multi30k-teacher"
-    raw = SHARED / "multi30k"
-    if not (teacher / "teacher.pt").is_file() or not (raw / "test_2016_flickr.en.gz").is_file():
-        pytest.skip("../shared (Multi30K teacher and data) is absent")
-    fastBPE = pytest.importorskip("fastBPE")
-
-    bpe = fastBPE.fastBPE(str(teacher / "bpe.codes"))
-    for lang in ("en", "de"):
-        lines = scoring.read_lines(raw / f"test_2016_flickr.{lang}.gz")
-        lines = [lines[i] for i in E2E_LINES]
-        (tmp_path / f"raw.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
-        bpe_lines = bpe.apply(scoring.tokenize(lines, lang))
-        (tmp_path / f"test.{lang}").write_text("\n".join(bpe_lines) + "\n", encoding="utf-8")
+    teacher = teacher_test_databin(tmp_path, E2E_LINES)
     env = dict(os.environ, OMP_NUM_THREADS="2")
-    subprocess.run(
-        [sys.executable, "-m", "fairseq_cli.preprocess", "--source-lang", "en", "--target-lang",
-         "de", "--testpref", str(tmp_path / "test"), "--destdir", str(tmp_path / "data-bin"),
-         "--srcdict", str(teacher / "dict.txt"), "--joined-dictionary", "--workers", "1"],
-        check=True, capture_output=True, env=env,
-    )
     out = tmp_path / "results" / "e2e.json"
     base = [sys.executable, "-m", "fairseq_nat_ext.evaluation.run", "--benchmark", "e2e",
             "--data-bin", str(tmp_path / "data-bin"), "--raw-ref", str(tmp_path / "raw.de"),

@@ -7,31 +7,14 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from fairseq_nat_ext.evaluation import scoring
+from conftest import teacher_test_databin
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "data"
 
 
 def test_speed_ratio_times_both_systems_on_the_same_sentences(tmp_path):
-    teacher = SHARED / "multi30k-teacher"
-    raw = SHARED / "multi30k"
-    if not (teacher / "teacher.pt").is_file() or not (raw / "test_2016_flickr.en.gz").is_file():
-        pytest.skip("../shared (Multi30K teacher and data) is absent")
-    fastBPE = pytest.importorskip("fastBPE")
-    bpe = fastBPE.fastBPE(str(teacher / "bpe.codes"))
-    for lang in ("en", "de"):
-        lines = scoring.read_lines(raw / f"test_2016_flickr.{lang}.gz")[:12]
-        (tmp_path / f"test.{lang}").write_text("\n".join(bpe.apply(scoring.tokenize(lines, lang))) + "\n",
-                                               encoding="utf-8")
+    teacher = teacher_test_databin(tmp_path, range(12))
     env = dict(os.environ, OMP_NUM_THREADS="2", PYTHONPATH=str(REPO))
-    subprocess.run(
-        [sys.executable, "-m", "fairseq_cli.preprocess", "--source-lang", "en", "--target-lang", "de",
-         "--testpref", str(tmp_path / "test"), "--destdir", str(tmp_path / "data-bin"),
-         "--srcdict", str(teacher / "dict.txt"), "--joined-dictionary", "--workers", "1"],
-        check=True, capture_output=True, env=env,
-    )
     out = tmp_path / "ratio.json"
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.speed_ratio", "--data-bin", str(tmp_path / "data-bin"),
