@@ -6,18 +6,21 @@
 
 The benchmark harness (``fairseq_nat_ext.evaluation.run``) times the rows of a table one after the other,
 each system in its own process, so a ratio of two rows carries whatever the machine did in between: on
-the shared 2-core machine the teacher's beam-5 time at batch 1 was 128.6 ms in one run and 91.1 ms in a
-run twenty minutes later (same code, same checkpoint; ``mask_predict_speed_before.json`` /
-``_after.json``).  Here both systems are loaded once and decode the same first ``--sentences`` sentences
-of the split at batch 1 alternately -- sentence i by the teacher, then by the other system (the order
-swapped every other round) -- so a slow spell of the machine lands on both.  Both are warmed up on the
-first 10 sentences first; torch is seeded once per system and round, as the harness does (NPD samples).
+the shared 2-core machine the teacher's beam-5 time at batch 1 (a decoding path no change touched) was
+128.6 ms in one run and 93.7 / 91.1 ms in the runs of ``mask_predict_speed_before.json`` /
+``_after.json`` an hour later.  Here both systems are loaded once and decode the same first
+``--sentences`` sentences of the split at batch 1 alternately -- sentence i by the teacher, then by the
+other system (the order swapped every other round) -- so a slow spell of the machine lands on both.
+Both are warmed up on the first 10 sentences first; torch is seeded once per system and round, as the
+harness does (NPD samples).  Interleaving cancels drift within one run, not between two runs (a before
+and an after measurement): compare each system's own milliseconds there as well.
 
-Written to ``--out``: the plugin's git commit and the machine, each system's milliseconds per sentence over all rounds, the ratio (teacher time /
-other time: "x times faster than the teacher"), the ratio of every round (their spread is the noise
-this protocol leaves), the decoder passes per sentence, and whether every round gave the system the
-same hypotheses.  Decoding strings are the harness's (``fairseq_nat_ext.evaluation.decoding``), built
-by the harness's own generator factory.
+Written to ``--out``: the plugin's git commit and the machine, each system's milliseconds per sentence
+over all rounds, the ratio (teacher time / other time: "x times faster than the teacher"), the ratio of
+every round (their spread is the noise this protocol leaves within a run), the decoder passes per
+sentence, and whether every round gave the system the same hypotheses.  CPU only (no CUDA
+synchronisation or CUDA random state).  Decoding strings are the harness's
+(``fairseq_nat_ext.evaluation.decoding``), built by the harness's own generator factory.
 """
 import argparse
 import json

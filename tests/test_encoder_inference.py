@@ -106,12 +106,75 @@ def test_generators_give_the_same_hypotheses_with_the_fast_encoder(toy_databin, 
     sample = {"net_input": {"src_tokens": src, "src_lengths": src_len}}
     cls = MaskPredictGenerator if arch.startswith("mask") else CTCGenerator
     out = {}
+    calls = []
+    real = ei.encode
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    ei.encode = spy
     for on in (False, True):
         ei.enabled = on
         try:
             out[on] = cls([m], m.decoder.dictionary, **options).generate([m], sample)
         finally:
             ei.enabled = True
+        assert len(calls) == int(on)  # the generator's encoder call took the fast path only when on
+    ei.encode = real
     for a, b in zip(out[False], out[True]):
         assert a[0]["tokens"].tolist() == b[0]["tokens"].tolist()
         assert torch.allclose(a[0]["positional_scores"], b[0]["positional_scores"], atol=1e-4)
+
+
+def test_layerdrop_draws_what_fairseqs_forward_draws_and_retained_dropout_is_refused(toy_databin):
+    """fairseq's LayerDropModuleList draws one random number per layer whenever it is iterated, in eval
+    mode too: the fast path must draw exactly as many (seeded NPD samples follow the encoder)."""
+    torch.manual_seed(8)
+    _, m, _ = build_model_and_task(toy_databin[0], ["--arch", "mask_predict_tiny", "--dropout", "0",
+                                                    "--encoder-layerdrop", "0.2"])
+    m.eval()
+    src, src_len = _batch(m.encoder.padding_idx, [3, 5], 5)
+    with torch.no_grad():
+        torch.manual_seed(0)
+        want = _fairseq_forward(m.encoder, src, src_len)
+        after_fairseq = torch.rand(4)
+        with cpu_linear.decoding([m]):
+            torch.manual_seed(0)
+            assert ei.usable(m.encoder, src)  # draws nothing itself
+            got = m.encoder(src, src_lengths=src_len)
+            after_fast = torch.rand(4)
+    _assert_same_output(got, want)
+    assert torch.equal(after_fast, after_fairseq)
+    # --retain-dropout (fairseq-generate sets apply_during_inference): fairseq's forward, not this one
+    m.encoder.dropout_module.p = 0.1
+    m.encoder.dropout_module.apply_during_inference = True
+    try:
+        assert not ei.supported(m.encoder)
+    finally:
+        m.encoder.dropout_module.apply_during_inference = False
+        m.encoder.dropout_module.p = 0.0
+    assert ei.supported(m.encoder)
+
+
+def test_forward_calls_an_encoder_with_its_own_forward_as_it_is(toy_databin):
+    """ei.forward (NPD's teacher): a subclass that overrides ``forward`` is called, not bypassed."""
+    from fairseq.models.transformer import TransformerEncoder
+
+    torch.manual_seed(9)
+    _, m, _ = build_model_and_task(toy_databin[0], ["--arch", "transformer", "--dropout", "0",
+                                                    "--encoder-layers", "1", "--decoder-layers", "1",
+                                                    "--encoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32",
+                                                    "--encoder-attention-heads", "2", "--decoder-embed-dim", "16"])
+    m.eval()
+
+    class Marked(TransformerEncoder):
+        def forward(self, src_tokens, src_lengths=None, **kw):
+            out = super().forward(src_tokens, src_lengths, **kw)
+            out["marked"] = True
+            return out
+
+    m.encoder.__class__ = Marked
+    src, src_len = _batch(m.encoder.padding_idx, [3], 3)
+    with torch.no_grad(), cpu_linear.decoding([m]):
+        assert ei.forward(m.encoder, src, src_len).get("marked") is True

@@ -50,6 +50,7 @@ need_ckpts teacher ctc imputer mp
 
 # The command recorded in the results: this script with every setting spelled out.
 COMMAND="DATA_BIN=$DATA_BIN TRAIN_DATA_BIN=$TRAIN_DATA_BIN RAW_REF=$RAW_REF$(wanted_settings teacher ctc imputer mp)"
+[[ "$SYSTEMS" != "teacher ctc imputer reference" ]] && COMMAND+=" SYSTEMS='$SYSTEMS'"
 finish_command
 
 # Filtered training pairs of the CTC systems -> the results' "data" field (the same for every call:

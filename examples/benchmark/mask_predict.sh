@@ -58,6 +58,7 @@ TEACHER_DECODINGS="${TEACHER_DECODINGS:-beam=1 beam=5}"
 CMLM_DECODINGS="${CMLM_DECODINGS:-iter=10,len_beam=3}"
 MP_TUNE=(--valid-tune); [[ "${MP_VALID_TUNE:-1}" == 0 ]] && MP_TUNE=()
 decoding_flags() { local d; for d in $1; do printf -- '--decoding %s ' "$d"; done; }
+[[ "$SYSTEMS" != "teacher mp cmlm reference" ]] && COMMAND+=" SYSTEMS='$SYSTEMS'"
 finish_command
 harness_options
 COMMON=("${HARNESS[@]}" --data-bin "$DATA_BIN" --raw-ref "$RAW_REF" --src-lang "$SRC" --tgt-lang "$TGT")

@@ -31,7 +31,7 @@ def supported(encoder) -> bool:
     """True when :func:`encode` computes exactly what ``encoder``'s own forward does: fairseq's
     ``TransformerEncoderBase`` forward_scriptable and embedding (ours without added global tokens), no embedding quant-noise,
     fairseq's encoder layers with fairseq's full ``MultiheadAttention`` (no bias_kv / zero attention /
-    xFormers, the standard scaling)."""
+    xFormers, the standard scaling), no dropout kept at inference (``--retain-dropout``)."""
     from fairseq.models.transformer import TransformerEncoderBase
     from fairseq.modules import MultiheadAttention
     from fairseq.modules.transformer_layer import TransformerEncoderLayer, TransformerEncoderLayerBase
@@ -47,7 +47,11 @@ def supported(encoder) -> bool:
     layers = getattr(encoder, "layers", None)
     if layers is None or len(layers) == 0:
         return False
-    for layer in layers:
+    if any(getattr(m, "apply_during_inference", False) and getattr(m, "p", 0) > 0 for m in encoder.modules()):
+        return False  # --retain-dropout: fairseq applies dropout at inference, this forward does not
+    # nn.ModuleList's own iterator: fairseq's LayerDropModuleList draws a random number per layer on
+    # every iteration (even in eval mode), and fairseq's forward iterates once; so does encode()
+    for layer in torch.nn.ModuleList.__iter__(layers):
         if type(layer) not in (TransformerEncoderLayerBase, TransformerEncoderLayer):
             return False
         if type(layer.self_attn) is not MultiheadAttention or not fast._attn_supported(layer.self_attn):
@@ -98,8 +102,14 @@ def maybe_encode(encoder, src_tokens, src_lengths=None, return_all_hiddens=False
 
 
 def forward(encoder, src_tokens, src_lengths=None):
-    """``encoder(src_tokens, src_lengths=src_lengths)``, through :func:`encode` where :func:`usable` (for
-    encoders that do not route their own forward here, e.g. fairseq's ``TransformerEncoder`` of an
-    autoregressive teacher)."""
-    out = maybe_encode(encoder, src_tokens, src_lengths)
-    return out if out is not None else encoder(src_tokens, src_lengths=src_lengths)
+    """``encoder(src_tokens, src_lengths=src_lengths)``, through :func:`encode` where :func:`usable` and
+    the encoder's class keeps fairseq's ``forward`` (for encoders that do not route their own forward
+    here, e.g. fairseq's ``TransformerEncoder`` of an autoregressive teacher; a subclass with its own
+    ``forward`` is called as it is)."""
+    from fairseq.models.transformer import TransformerEncoderBase
+
+    if type(encoder).forward is TransformerEncoderBase.forward:
+        out = maybe_encode(encoder, src_tokens, src_lengths)
+        if out is not None:
+            return out
+    return encoder(src_tokens, src_lengths=src_lengths)

@@ -44,7 +44,7 @@ def supported(decoder):
     layers = getattr(decoder, "layers", None)
     if layers is None or len(layers) == 0 or getattr(decoder, "cross_self_attention", False):
         return False
-    for layer in layers:
+    for layer in torch.nn.ModuleList.__iter__(layers):  # no LayerDropModuleList draws
         if (getattr(layer, "cross_self_attention", False) or layer.c_attn is not None
                 or layer.attn_ln is not None or layer.ffn_layernorm is not None
                 or layer.w_resid is not None or not _attn_supported(layer.self_attn)
