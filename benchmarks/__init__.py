@@ -20,9 +20,12 @@ only the project's own benchmarks use:
 * :mod:`.pointer_results`     the pointer benchmark's results file and table
 * :mod:`.pointer_plots`       predicted vs true hulls / tours
 * :mod:`.kermit_conditioning` KERMIT's conditional losses on a split
+* :mod:`.nat_profile`         Mask-Predict's per-pass profile and any decoding's product FLOPs
+* :mod:`.speed_ratio`         a decoding's batch-1 speed against the teacher's, timed interleaved
 
 Nothing under ``fairseq_nat_ext/`` imports this package (``tests/test_layout.py``).
 """
+import json
 import os
 
 #: the repository root (this folder's parent)
@@ -35,3 +38,12 @@ def repo_env(env=None):
     env = dict(os.environ if env is None else env)
     env["PYTHONPATH"] = os.pathsep.join([REPO] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     return env
+
+
+def write_json(path, obj):
+    """Write ``obj`` to ``path`` as JSON (indent 1) through a temporary file and a rename: an interrupted
+    run leaves the old file, never half of a new one."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1)
+    os.replace(tmp, path)

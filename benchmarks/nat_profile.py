@@ -51,7 +51,6 @@ profiler's total self CPU time (its table's Self CPU % summed; the docs' "58 %" 
 largest kernels' shares.  The patched functions are restored on exit, also after an error.
 """
 import argparse
-import json
 import os
 import time
 from contextlib import contextmanager
@@ -59,6 +58,7 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
+from benchmarks import write_json
 from fairseq_nat_ext.evaluation import decoding as dec
 from fairseq_nat_ext.evaluation import inference as inf
 from fairseq_nat_ext.evaluation.timing import set_threads
@@ -346,10 +346,7 @@ def main(argv=None):
     if args.profiler_share:
         out["profiler_share"] = profiler_share(system, generator, b1)
         print(f"profiler_share: {out['profiler_share']}", flush=True)
-    tmp = args.out + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(out, f, indent=1)
-    os.replace(tmp, args.out)
+    write_json(args.out, out)
     print(f"wrote {args.out}")
 
 

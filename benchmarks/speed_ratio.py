@@ -23,7 +23,6 @@ synchronisation or CUDA random state).  Decoding strings are the harness's
 (``fairseq_nat_ext.evaluation.decoding``), built by the harness's own generator factory.
 """
 import argparse
-import json
 import os
 import subprocess
 import time
@@ -31,6 +30,7 @@ from types import SimpleNamespace
 
 import torch
 
+from benchmarks import REPO, write_json
 from fairseq_nat_ext.evaluation import inference as inf
 from fairseq_nat_ext.evaluation import provenance
 from fairseq_nat_ext.evaluation import run as harness
@@ -42,7 +42,7 @@ SEED = 1
 def _commit():
     """The plugin's git commit (short), with ``+changes`` when its tracked files differ from it; None
     outside a git checkout."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = REPO
     try:
         head = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, check=True).stdout.strip()
@@ -150,10 +150,7 @@ def main(argv=None):
     for k in ("npd_teacher",):
         if k in out["system"]["generation_options"]:
             out["system"]["generation_options"][k] = os.path.relpath(out["system"]["generation_options"][k])
-    tmp = args.out + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(out, f, indent=1)
-    os.replace(tmp, args.out)
+    write_json(args.out, out)
     print(f"ratio {out['ratio']:.2f}x (per round {out['ratio_per_round']}); wrote {args.out}")
 
 
