@@ -91,12 +91,7 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
-    extra = {}
-    for item in args.generation_option:
-        if "=" not in item:
-            p.error(f"--generation-option {item!r}: expected NAME=VALUE")
-        k, v = item.split("=", 1)
-        extra[k] = v
+    extra = harness.parse_generation_options(args.generation_option, p.error)
     set_threads(args.threads)
     teacher = _system(args.teacher, args, args.teacher_decoding, {})
     other = _system(args.path, args, args.decoding, extra)
@@ -141,15 +136,15 @@ def main(argv=None):
         "teacher": {"checkpoint": os.path.relpath(args.teacher), "decoding": args.teacher_decoding,
                     "ms_per_sentence": round(1000 * teacher.seconds / n, 2), "same_hypotheses_every_round": teacher.same},
         "system": {"checkpoint": os.path.relpath(args.path), "decoding": args.decoding,
-                   "generation_options": extra, "ms_per_sentence": round(1000 * other.seconds / n, 2),
+                   "generation_options": dict(extra), "ms_per_sentence": round(1000 * other.seconds / n, 2),
                    "decoder_passes_per_sentence": round(other.calls, 3),
                    "same_hypotheses_every_round": other.same},
         "ratio": round(teacher.seconds / other.seconds, 3),
         "ratio_per_round": [round(a / b, 3) for a, b in zip(teacher.rounds, other.rounds)],
     }
-    for k in ("npd_teacher",):
-        if k in out["system"]["generation_options"]:
-            out["system"]["generation_options"][k] = os.path.relpath(out["system"]["generation_options"][k])
+    options = out["system"]["generation_options"]
+    if "npd_teacher" in options:  # a path: recorded relative, as the checkpoints
+        options["npd_teacher"] = os.path.relpath(options["npd_teacher"])
     write_json(args.out, out)
     print(f"ratio {out['ratio']:.2f}x (per round {out['ratio_per_round']}); wrote {args.out}")
 

@@ -130,13 +130,7 @@ def _check_args(p, args):
             p.error(f"--{name.replace('_', '-')} must be >= 0")
     if args.limit is not None and args.limit < 1:
         p.error("--limit must be >= 1")
-    extra = {}
-    for item in args.generation_option:
-        name, sep, value = item.partition("=")
-        if not sep or not name.isidentifier():
-            p.error(f"--generation-option {item!r}: expected NAME=VALUE")
-        extra[name] = value
-    args.generation_extra = extra
+    args.generation_extra = parse_generation_options(args.generation_option, p.error)
     if not os.path.isfile(args.raw_ref):
         p.error(f"--raw-ref {args.raw_ref}: no such file")
     if args.language_check is not None:
@@ -351,6 +345,18 @@ def benchmark_system(args, refs, tok_refs, save_row):
             row["iterations"], row["repeat_rate"],
         )
         save_row(row, scores.signature)
+
+
+def parse_generation_options(items, error):
+    """``--generation-option NAME=VALUE`` items -> {NAME: VALUE}; ``error(message)`` (a parser's) for a
+    malformed one."""
+    extra = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.isidentifier():
+            error(f"--generation-option {item!r}: expected NAME=VALUE")
+        extra[name] = value
+    return extra
 
 
 def _build_generator(task, models, d, args, name):
