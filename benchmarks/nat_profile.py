@@ -33,7 +33,8 @@ decode the first ``--sentences`` sentences at batch 1 once more and write ``flop
 
 * ``linear`` -- every product of activations with a weight matrix, x (..., in) @ W^T (out, in):
   ``torch.nn.functional.linear`` (``nn.Linear`` modules, torch's multi-head attention's projections)
-  and the plugin's ``modules/cpu_linear.linear`` (its oneDNN prepacked products and ``cpu_linear.module``),
+  and the plugin's ``modules/cpu_linear.linear`` (its oneDNN prepacked products and ``cpu_linear.module``)
+  and ``cpu_linear.prepacked`` / ``prepacked_add`` (products on weights laid out in advance),
   each call 2 * rows * out * in FLOPs, rows = x.numel() / in, the bias not counted.  A
   ``cpu_linear.linear`` that falls back on ``F.linear`` counts once.  This is the definition of the
   GFLOP numbers in docs/nat.md (Mask-Predict vs the teacher).
@@ -160,6 +161,13 @@ def linear_flops(args, kwargs, out):
     return 2 * rows * (w.size(0) if w.dim() == 2 else 1) * w.size(-1)
 
 
+def prepacked_flops(args, kwargs, out):
+    """``cpu_linear.prepacked(x, packed, ...)`` / ``prepacked_add``: 2 * rows * out * in, read from x
+    and the output (oneDNN's laid-out weight does not keep the (out, in) shape)."""
+    x = _arg(args, kwargs, 0, "x")
+    return 2 * x.numel() * out.size(-1)
+
+
 def matmul_flops(args, kwargs, out, first=0):
     """2 * output elements * the contracted dimension (``matmul``, ``bmm``; ``baddbmm``: first=1)."""
     a = _arg(args, kwargs, first, "batch1" if first else "input")
@@ -186,7 +194,8 @@ class ProductCounter:
 @contextmanager
 def counting_products():
     """``with counting_products() as c: ...`` -> ``c.flops`` / ``c.calls`` per kind: patches
-    ``F.linear``, ``cpu_linear.linear``, ``F.scaled_dot_product_attention``, ``torch.matmul``,
+    ``F.linear``, ``cpu_linear.linear`` / ``prepacked`` / ``prepacked_add``,
+    ``F.scaled_dot_product_attention``, ``torch.matmul``,
     ``torch.bmm`` and ``torch.baddbmm`` (module attributes, so every caller that looks them up at call
     time is seen) and restores them on exit."""
     from fairseq_nat_ext.modules import cpu_linear
@@ -214,6 +223,8 @@ def counting_products():
     try:
         patch(F, "linear", "linear", linear_flops)
         patch(cpu_linear, "linear", "linear", linear_flops)
+        patch(cpu_linear, "prepacked", "linear", prepacked_flops)
+        patch(cpu_linear, "prepacked_add", "linear", prepacked_flops)
         patch(F, "scaled_dot_product_attention", "attention", sdpa_flops)
         patch(torch, "matmul", "attention", matmul_flops)
         patch(torch, "bmm", "attention", matmul_flops)

@@ -53,6 +53,54 @@ def test_features_equal_fairseq_forward_with_candidates_padding_and_selection(mo
     assert torch.allclose(got_sel, want[select], atol=1e-5)
 
 
+@pytest.fixture(scope="module")
+def gelu_model(toy_databin):
+    torch.manual_seed(4)
+    _, m, _ = build_model_and_task(toy_databin[0], ["--arch", "mask_predict_tiny", "--dropout", "0",
+                                                     "--length-classes", "16", "--activation-fn", "gelu"])
+    return m.eval()
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_packed_route_equals_fairseq_forward(model, gelu_model, activation):
+    """Inside a decoding scope (CPU, float32) the layers run packed (real positions only, one
+    sentence's rows as one cross-attention sequence, the last layer after self-attention only at the
+    selected positions, ReLU and residuals fused): fairseq's forward at every real / selected position."""
+    from fairseq_nat_ext.modules import cpu_linear
+
+    m = gelu_model if activation == "gelu" else model
+    g = torch.Generator().manual_seed(1)
+    src, src_len = _batch(m, [3, 6, 4], 6)
+    cases = [  # (sentence of each row, target lengths)
+        (torch.tensor([0, 0, 1, 2, 2, 2]), torch.tensor([2, 5, 4, 1, 3, 5])),  # several sentences
+        (torch.tensor([1, 1, 1]), torch.tensor([4, 6, 5])),  # one sentence's length candidates
+        (torch.tensor([2]), torch.tensor([5])),  # one row, no padding
+    ]
+    with torch.no_grad(), cpu_linear.decoding([m]):
+        enc = m.encoder(src, src_lengths=src_len)
+        cross = fast.cross_kv(m.decoder, enc)
+        assert (cross.plan is not None) == cpu_linear.fused_available()
+        for sent, tgt_len in cases:
+            N, T = len(sent), int(tgt_len.max())
+            pad = torch.arange(T).unsqueeze(0) >= tgt_len.unsqueeze(1)
+            tokens = torch.randint(4, 20, (N, T), generator=g)
+            tokens[torch.rand(N, T, generator=g) < 0.4] = m.mask_idx
+            tokens = tokens.masked_fill(pad, m.pad)
+            want, _ = m.decoder.extract_features(tokens, encoder_out=m.encoder.reorder_encoder_out(enc, sent),
+                                                 full_context_alignment=True)
+            x = fast.embed_tokens(m.decoder, tokens)
+            self_pad = pad if bool(pad.any()) else None
+            got = fast.decoder_features(m.decoder, x, self_pad, cross, sent)
+            assert got.shape == want.shape
+            assert torch.allclose(got[~pad], want[~pad], atol=1e-5)
+            select = (torch.rand(N, T, generator=g) < 0.5) & ~pad
+            select[0, 0] = True
+            got_sel = fast.decoder_features(m.decoder, x, self_pad, cross, sent, select=select)
+            assert torch.allclose(got_sel, want[select], atol=1e-5)
+            none = fast.decoder_features(m.decoder, x, self_pad, cross, sent, select=torch.zeros_like(select))
+            assert none.shape == (0, want.size(-1))
+
+
 @torch.no_grad()
 def test_unpadded_batch_and_one_row_per_sentence(model):
     m = model
@@ -125,7 +173,9 @@ def test_mask_predict_fast_path_gives_the_slow_paths_hypotheses_and_counts_its_p
 def test_ctc_decoder_eval_forward_equals_its_layer_loop(toy_databin, arch):
     """CTC / Imputer decoders run the decoding forward in eval mode without autograd; with autograd on
     they run fairseq's layer loop: the same log-probs, with and without an observed alignment and a
-    selection, with cross-attention keys/values passed in or computed."""
+    selection, with cross-attention keys/values passed in or computed, inside a decoding scope too."""
+    from fairseq_nat_ext.modules import cpu_linear
+
     torch.manual_seed(2)
     extra = ["--imputer-train-block-size", "2"] if arch.startswith("imputer") else []
     _, m, _ = build_model_and_task(toy_databin[0], ["--arch", arch, "--upsample-ratio", "2",
@@ -144,6 +194,9 @@ def test_ctc_decoder_eval_forward_equals_its_layer_loop(toy_databin, arch):
         with torch.no_grad():
             got = m.decoder(enc, normalize=True, upsampled=up, **kw)
             cached = m.decoder(enc, normalize=True, upsampled=up, cross=fast.cross_kv(m.decoder, enc), **kw)
+        with torch.no_grad(), cpu_linear.decoding([m]):  # the packed route
+            packed = m.decoder(enc, normalize=True, upsampled=up, cross=fast.cross_kv(m.decoder, enc), **kw)
         inside = ~m.decoder.alignment_padding(up[1], L) if not kw else slice(None)
         assert torch.allclose(got[inside], want[inside].detach(), atol=1e-4)
         assert torch.equal(got, cached)
+        assert torch.allclose(packed[inside], want[inside].detach(), atol=1e-4)

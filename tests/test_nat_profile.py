@@ -63,13 +63,13 @@ def test_counts_a_fairseq_decoder_layer_by_hand():
 
 def test_restores_the_patched_functions_after_an_error():
     originals = (F.linear, cpu_linear.linear, F.scaled_dot_product_attention, torch.matmul, torch.bmm,
-                 torch.baddbmm)
+                 torch.baddbmm, cpu_linear.prepacked, cpu_linear.prepacked_add)
     with pytest.raises(RuntimeError):
         with counting_products():
             assert F.linear is not originals[0]
             raise RuntimeError("boom")
     assert (F.linear, cpu_linear.linear, F.scaled_dot_product_attention, torch.matmul, torch.bmm,
-            torch.baddbmm) == originals
+            torch.baddbmm, cpu_linear.prepacked, cpu_linear.prepacked_add) == originals
 
 
 def test_counts_the_plugin_decoding_forward_by_hand(toy_databin):

@@ -31,7 +31,7 @@ from ..compat import InputError
 from ..modules import cpu_linear
 from ..modules.vocab_projection import best_vocab_tokens
 from ..oracles.ctc_alignment import alignment_token_scores, ctc_collapse
-from .base import NATGeneratorBase
+from .base import NATGeneratorBase, eval_mode
 
 NEG_INF = float("-inf")
 
@@ -172,8 +172,7 @@ class CTCGenerator(NATGeneratorBase):
         if constraints is not None or prefix_tokens is not None:
             raise NotImplementedError("ctc decoding: prefix and constrained decoding are not supported")
         models = models or self.models
-        for m in models:
-            m.eval()
+        eval_mode(models)
         net = sample["net_input"]
         if self.beam == 1 and len(models) == 1 and type(self).model_lprobs is CTCGenerator.model_lprobs:
             return self._greedy(*self.best_symbols(models[0], net["src_tokens"], net["src_lengths"]))

@@ -24,6 +24,7 @@ from ..modules import cpu_linear
 from ..modules import nat_decoder_inference as fast
 from ..modules.vocab_projection import best_vocab_tokens
 from ..oracles.ctc_alignment import alignment_token_scores, ctc_collapse
+from .base import eval_mode
 from .ctc_nat import CTCGenerator
 
 NEG_INF = float("-inf")
@@ -65,8 +66,7 @@ class ImputerGenerator(CTCGenerator):
         if constraints is not None or prefix_tokens is not None:
             raise NotImplementedError("imputer decoding: prefix and constrained decoding are not supported")
         models = models or self.models
-        for m in models:
-            m.eval()
+        eval_mode(models)
         net = sample["net_input"]
         encs, ups, crosses = [], [], []
         for m in models:

@@ -25,7 +25,7 @@ import torch
 from ..modules import cpu_linear
 from ..modules import nat_decoder_inference as fast
 from ..modules.vocab_projection import best_vocab_tokens
-from .base import NATGeneratorBase
+from .base import NATGeneratorBase, eval_mode
 from .projection import best_tokens, vocab_projection
 
 
@@ -71,8 +71,7 @@ class RefinementGenerator(NATGeneratorBase):
         if constraints is not None or prefix_tokens is not None:
             raise NotImplementedError("iterative_refinement: prefix and constrained decoding are not supported")
         models = models or self.models
-        for m in models:
-            m.eval()
+        eval_mode(models)
         net = sample["net_input"]
         src_tokens, src_lengths = net["src_tokens"], net["src_lengths"]
         dev = src_tokens.device

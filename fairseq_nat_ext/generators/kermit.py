@@ -28,6 +28,7 @@ from ..compat import InputError
 from ..models.nat.edit_ops import fill_placeholders, insert_placeholders, pad_to, spread_scores, trim
 from ..models.nat.kermit import absent_like, first_eos, pair_canvas, parse_lang_pairs
 from ..modules import cpu_linear
+from .base import eval_mode
 
 GAP_SYMBOL = "<gap>"
 GENERATE_MODES = ("translate", "joint", "marginal", "cloze")
@@ -157,7 +158,7 @@ class KermitGenerator:
         if constraints is not None or prefix_tokens is not None:
             raise NotImplementedError("kermit decoding: prefixes and constraints are not supported")
         model = (models or self.models)[0]
-        model.eval()
+        eval_mode([model])
         src = right_pad(sample["net_input"]["src_tokens"], self.pad)
         B, dev = src.size(0), src.device
         tokens, open_ = self.initial(src)

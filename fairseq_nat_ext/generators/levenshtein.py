@@ -21,6 +21,7 @@ from ..models.nat.edit_ops import (delete_tokens, fill_placeholders, insert_plac
                                    spread_scores, trim)
 from ..modules import cpu_linear, packed
 from ..modules.vocab_projection import best_vocab_tokens
+from .base import eval_mode
 
 
 class EditGenerator:
@@ -90,7 +91,7 @@ class EditGenerator:
         if constraints is not None or prefix_tokens is not None:
             raise NotImplementedError("levenshtein decoding: prefixes and constraints are not supported")
         model = (models or self.models)[0]
-        model.eval()
+        eval_mode([model])
         net = sample["net_input"]
         src_tokens, src_lengths = net["src_tokens"], net["src_lengths"]
         B, dev = src_tokens.size(0), src_tokens.device

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from ..modules import cpu_linear
 from ..modules import nat_decoder_inference as fast
 from ..modules.vocab_projection import best_vocab_tokens, vocab_logits
-from .base import NATGeneratorBase
+from .base import NATGeneratorBase, eval_mode
 
 
 def remask_counts(lengths, t, T):
@@ -114,8 +114,7 @@ class MaskPredictGenerator(NATGeneratorBase):
         if constraints is not None:
             raise NotImplementedError("mask_predict: constrained decoding is not supported")
         models = models or self.models
-        for m in models:
-            m.eval()
+        eval_mode(models)
         net = sample["net_input"]
         src_tokens, src_lengths = net["src_tokens"], net["src_lengths"]
         B, l, T = src_tokens.size(0), self.length_beam, self.max_iter

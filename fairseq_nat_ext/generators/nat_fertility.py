@@ -52,7 +52,7 @@ import torch
 from ..compat import InputError, fairseq_mask_warning_silenced
 from ..modules import cpu_linear, encoder_inference, packed
 from ..models.nat.nat_fertility import source_fertility_mask
-from .base import NATGeneratorBase
+from .base import NATGeneratorBase, eval_mode
 from .projection import best_tokens, shared_target_log_probs, target_log_probs, vocab_projection
 
 _TEACHERS = {}  # (checkpoint, data dir) -> teacher model, loaded once per process
@@ -338,8 +338,7 @@ class NPDGenerator(NATGeneratorBase):
         if constraints is not None or prefix_tokens is not None:
             raise NotImplementedError("nat_fertility decoding: prefix and constrained decoding are not supported")
         models = models or self.models
-        for m in models:
-            m.eval()
+        eval_mode(models)
         net = sample["net_input"]
         src_tokens, src_lengths = net["src_tokens"], net["src_lengths"]
         B, s = src_tokens.size(0), self.samples

@@ -45,6 +45,7 @@ _CLEARERS = []
 ROWS_HINT = 64
 
 _available = None
+_fused = None
 _depth = 0  # nesting depth of caching decoding() scopes
 
 
@@ -65,6 +66,27 @@ def available():
         except (AttributeError, RuntimeError, NotImplementedError):
             _available = False
     return _available
+
+
+def fused_available():
+    """True when oneDNN's products with a fused ReLU or residual add (``_linear_pointwise`` with the
+    "relu" post-op, ``_linear_pointwise.binary`` "add") compute exactly ``relu(linear)`` and
+    ``linear + residual`` (checked once, bit for bit: the post-op acts on the product's float32
+    result, as the separate operation would)."""
+    global _fused
+    if _fused is None:
+        _fused = False
+        if available():
+            try:
+                g = torch.Generator().manual_seed(1)  # private, as in available()
+                w, b, x, r = (torch.randn(*shape, generator=g) for shape in ((8, 4), (8,), (3, 4), (3, 8)))
+                pw = torch.ops.mkldnn._reorder_linear_weight(w, ROWS_HINT)
+                y = torch.ops.mkldnn._linear_pointwise(x, pw, b, "none", [], "")
+                _fused = (torch.equal(torch.ops.mkldnn._linear_pointwise(x, pw, b, "relu", [], ""), torch.relu(y))
+                          and torch.equal(torch.ops.mkldnn._linear_pointwise.binary(x, r, pw, b, "add"), y + r))
+            except (AttributeError, RuntimeError, NotImplementedError):
+                _fused = False
+    return _fused
 
 
 def caching():
@@ -143,6 +165,20 @@ def linear(x, weight, bias=None):
     if not usable(x, weight):
         return F.linear(x, weight, bias)
     return torch.ops.mkldnn._linear_pointwise(x, packed_weight(weight), bias, "none", [], "")
+
+
+def prepacked(x, packed, bias=None, relu=False):
+    """``F.linear`` (then ReLU when ``relu``) with a weight already laid out by :func:`packed_weight`;
+    only where :func:`usable` held for it (and :func:`fused_available` for ``relu``)."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "relu" if relu else "none", [], "")
+
+
+def prepacked_add(x, packed, bias, residual):
+    """``residual + F.linear(x, weight, bias)`` with the weight laid out by :func:`packed_weight`, the
+    addition fused into the product where :func:`fused_available` (the same float32 sums)."""
+    if fused_available():
+        return torch.ops.mkldnn._linear_pointwise.binary(x, residual, packed, bias, "add")
+    return residual + torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
 def module(lin, x):

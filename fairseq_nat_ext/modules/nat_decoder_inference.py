@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from . import cpu_linear, packed
-from .attention.mix import stacked_qkv
+from .attention.mix import stacked_qkv, stacked_qkv_weight
 
 
 def _attn_supported(attn):
@@ -67,10 +67,12 @@ def _merge(x):
 
 class CrossKV:
     """Every layer's cross-attention keys and values for B sentences: ``kv[i] = (k, v)``, each
-    (B, H, S, C / H), and ``keep`` (B, 1, 1, S) bool (False at source padding), or None."""
+    (B, H, S, C / H), ``keep`` (B, 1, 1, S) bool (False at source padding) or None, and ``plan`` (a
+    :class:`Plan` of the decoder's weights for the packed CPU route, or None).  Like the keys and values,
+    the plan is a snapshot of the decoder for one decoding call: weights changed afterwards are not seen."""
 
-    def __init__(self, kv, keep):
-        self.kv, self.keep = kv, keep
+    def __init__(self, kv, keep, plan=None):
+        self.kv, self.keep, self.plan = kv, keep, plan
 
     def rows(self, i, sent):
         """Layer i's keys, values and key mask for decoder rows of the sentences ``sent`` (None: one
@@ -90,7 +92,70 @@ def cross_kv(decoder, encoder_out):
     keep = None
     if len(pads) > 0 and pads[0] is not None and bool(pads[0].any()):
         keep = (~pads[0]).view(pads[0].size(0), 1, 1, pads[0].size(1))
-    return CrossKV([packed.encoder_kv(layer.encoder_attn, enc) for layer in decoder.layers], keep)
+    return CrossKV([packed.encoder_kv(layer.encoder_attn, enc) for layer in decoder.layers], keep,
+                   Plan.build(decoder, enc))
+
+
+def _norm(ln):
+    """A layer norm as (weight, bias, eps, shape) for ``F.layer_norm`` (torch's ``LayerNorm`` only),
+    or the module itself."""
+    if type(ln) is torch.nn.LayerNorm:
+        return (ln.weight, ln.bias, ln.eps, ln.normalized_shape)
+    return ln
+
+
+def _apply_norm(norm, x):
+    if isinstance(norm, tuple):
+        w, b, eps, shape = norm
+        return F.layer_norm(x, shape, w, b, eps)
+    return norm(x)
+
+
+class Plan:
+    """The weights :func:`decoder_features` reads on the packed CPU route, fetched once per decoding
+    call instead of once per product and pass: every product's weight in oneDNN's layout
+    (:func:`.cpu_linear.packed_weight`), the layer norms' parameters, and whether the feed-forward
+    activation is ReLU (then fused into the first product, as are the residual additions into the
+    products that end each sublayer; :func:`.cpu_linear.fused_available`)."""
+
+    def __init__(self, layers, final_norm, out_proj):
+        self.layers, self.final_norm, self.out_proj = layers, final_norm, out_proj
+
+    @staticmethod
+    def build(decoder, enc):
+        """The plan of ``decoder`` for decoder inputs like ``enc`` (float32 on CPU inside a caching
+        decoding scope, :func:`.cpu_linear.usable`), else None."""
+        if not cpu_linear.fused_available() or not supported(decoder):
+            return None
+
+        def lin(m):
+            if not cpu_linear.usable(enc, m.weight):
+                raise _NoPlan
+            return (cpu_linear.packed_weight(m.weight), m.bias)
+
+        try:
+            layers = []
+            for layer in decoder.layers:
+                sa, ca = layer.self_attn, layer.encoder_attn
+                w, b = stacked_qkv_weight(sa)
+                if not cpu_linear.usable(enc, w):
+                    raise _NoPlan
+                layers.append(dict(
+                    pre=layer.normalize_before, heads=sa.num_heads, cross_heads=ca.num_heads,
+                    qkv=(cpu_linear.packed_weight(w), b), sa_out=lin(sa.out_proj),
+                    ca_q=lin(ca.q_proj), ca_out=lin(ca.out_proj), fc1=lin(layer.fc1), fc2=lin(layer.fc2),
+                    relu=layer.activation_fn is F.relu, act=layer.activation_fn,
+                    sa_norm=_norm(layer.self_attn_layer_norm), ca_norm=_norm(layer.encoder_attn_layer_norm),
+                    ff_norm=_norm(layer.final_layer_norm)))
+            out = None if decoder.project_out_dim is None else lin(decoder.project_out_dim)
+        except _NoPlan:
+            return None
+        final = None if decoder.layer_norm is None else _norm(decoder.layer_norm)
+        return Plan(layers, final, out)
+
+
+class _NoPlan(Exception):
+    pass
 
 
 def embed_tokens(decoder, tokens):
@@ -137,7 +202,13 @@ def decoder_features(decoder, x, self_pad, cross, sent=None, select=None):
     sentence i); select (N, T) bool: the positions whose states are returned.
     -> the final states (after the decoder's layer_norm and project_out_dim): (N, T, C), or (M, C) at
     the M selected positions in row-major order (the last layer's feed-forward block runs only there).
+    With ``cross.plan`` (CPU, float32, inside a decoding scope) the layers run on the real positions
+    only (:func:`packed_features`); states at padding are then zeros.
     """
+    if cross.plan is not None and cpu_linear.caching() and x.dtype == torch.float32 and x.device.type == "cpu":
+        out = packed_features(cross.plan, x, self_pad, cross, sent, select)
+        if out is not None:
+            return out
     keep = None if self_pad is None else (~self_pad).view(x.size(0), 1, 1, x.size(1))
     last = len(decoder.layers) - 1
     for i, layer in enumerate(decoder.layers):
@@ -151,3 +222,82 @@ def decoder_features(decoder, x, self_pad, cross, sent=None, select=None):
     if decoder.project_out_dim is not None:
         x = cpu_linear.module(decoder.project_out_dim, x)
     return x
+
+
+def packed_features(plan, x, self_pad, cross, sent=None, select=None):
+    """:func:`decoder_features` on the packed CPU route: the same layers and maths, with
+
+    * every position-wise product and layer norm on the (M, C) rows of the real positions only
+      (length candidates of one batch are padded to the longest; modules/packed.py's ``Rows``); only
+      attention reads the padded (N, T) layout;
+    * cross-attention of rows that all read ONE sentence (batch 1: its length candidates) as one
+      sequence of M queries over that sentence's keys, without a padded layout;
+    * in the last layer, with ``select``, everything after the self-attention's weighted values (its
+      output projection, the cross-attention, the feed-forward block) only at the selected positions
+      (the keys and values of every position are still needed);
+    * the weights fetched once per decoding call (:class:`Plan`), ReLU and the residual additions fused
+      into the products.
+    Equal to the padded route up to float rounding (the same hypotheses in every decoder's test).
+    None (the caller takes the padded route) when there is nothing to compute (no real or no selected
+    position) or ``select`` asks for padding positions."""
+    N, T, C = x.shape
+    valid = (torch.ones(N, T, dtype=torch.bool, device=x.device) if self_pad is None else ~self_pad)
+    rows = packed.Rows(valid)
+    pick = None  # the selected positions' indices among the packed rows
+    if select is not None:
+        if self_pad is not None and bool((select & self_pad).any()):
+            return None  # padding positions' states asked for: only the padded route has them
+        pick = (valid.reshape(-1).long().cumsum(0) - 1)[select.reshape(-1).nonzero().squeeze(1)]
+    if rows.index.numel() == 0 or (pick is not None and pick.numel() == 0):
+        return None
+    keep = None if self_pad is None else valid.view(N, 1, 1, T)
+    h = rows.pack(x)
+    one = bool((sent == sent[0]).all()) if sent is not None else N == 1
+    last = len(plan.layers) - 1
+    for i, lp in enumerate(plan.layers):
+        pre = lp["pre"]
+        # self-attention: q/k/v at every real position, the weighted values back to packed rows
+        z = _apply_norm(lp["sa_norm"], h) if pre else h
+        H = lp["heads"]
+        qkv = cpu_linear.prepacked(z, *lp["qkv"])
+        q, k, v = rows.unpack(qkv).view(N, T, 3, H, -1).permute(2, 0, 3, 1, 4).unbind(0)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=keep).transpose(1, 2).reshape(N * T, C)
+        at = rows.index
+        if i == last and pick is not None:  # from here on only the selected positions
+            at, h = at.index_select(0, pick), h.index_select(0, pick)
+        h = cpu_linear.prepacked_add(o.index_select(0, at), *lp["sa_out"], h)
+        if not pre:
+            h = _apply_norm(lp["sa_norm"], h)
+        # cross-attention on the sentence's cached keys / values
+        z = _apply_norm(lp["ca_norm"], h) if pre else h
+        Hc = lp["cross_heads"]
+        qc = cpu_linear.prepacked(z, *lp["ca_q"])
+        if one:
+            kc, vc, kp = cross.rows(i, None)
+            s0 = 0 if sent is None else int(sent[0])
+            kc, vc = kc[s0:s0 + 1], vc[s0:s0 + 1]
+            kp = None if kp is None else kp[s0:s0 + 1]
+            oc = F.scaled_dot_product_attention(_heads(qc.unsqueeze(0), Hc), kc, vc, attn_mask=kp)
+            oc = oc.transpose(1, 2).reshape(qc.shape)
+        else:
+            kc, vc, kp = cross.rows(i, sent)
+            full = qc.new_zeros(N * T, C).index_copy_(0, at, qc).view(N, T, C)
+            oc = F.scaled_dot_product_attention(_heads(full, Hc), kc, vc, attn_mask=kp)
+            oc = _merge(oc).reshape(N * T, C).index_select(0, at)
+        h = cpu_linear.prepacked_add(oc, *lp["ca_out"], h)
+        if not pre:
+            h = _apply_norm(lp["ca_norm"], h)
+        # feed-forward
+        z = _apply_norm(lp["ff_norm"], h) if pre else h
+        if lp["relu"]:
+            a = cpu_linear.prepacked(z, *lp["fc1"], relu=True)
+        else:
+            a = lp["act"](cpu_linear.prepacked(z, *lp["fc1"]))
+        h = cpu_linear.prepacked_add(a, *lp["fc2"], h)
+        if not pre:
+            h = _apply_norm(lp["ff_norm"], h)
+    if plan.final_norm is not None:
+        h = _apply_norm(plan.final_norm, h)
+    if plan.out_proj is not None:
+        h = cpu_linear.prepacked(h, *plan.out_proj)
+    return h if select is not None else rows.unpack(h)

@@ -67,11 +67,10 @@ def best_vocab_tokens(decoder, feats: Tensor, forbidden, block=BEST_TOKEN_BLOCK)
         else:
             y = torch.addmm(b.unsqueeze(1), W, x.t()) if b is not None else torch.mm(W, x.t())
             y = y.float()  # (V, m)
-        kept = y[forbidden].clone()
-        y[forbidden] = float("-inf")
+        mx = y.max(0).values  # the largest logit, forbidden ones included: the normaliser first
+        lse = torch.exp(y - mx).sum(0).log()
+        y[forbidden] = float("-inf")  # then the best allowed token
         top, tok = y.max(0)
-        y[forbidden] = kept
-        mx = torch.maximum(top, kept.max(0).values)  # the largest logit, forbidden ones included
-        best_lp[a:a + block] = top - mx - torch.exp(y - mx).sum(0).log()
+        best_lp[a:a + block] = top - mx - lse
         best_tok[a:a + block] = tok
     return best_lp, best_tok
