@@ -57,12 +57,13 @@ def test_features_equal_fairseq_forward_with_candidates_padding_and_selection(mo
 def gelu_model(toy_databin):
     torch.manual_seed(4)
     _, m, _ = build_model_and_task(toy_databin[0], ["--arch", "mask_predict_tiny", "--dropout", "0",
-                                                     "--length-classes", "16", "--activation-fn", "gelu"])
+                                                     "--length-classes", "16", "--activation-fn", "gelu",
+                                                     "--decoder-learned-pos", "--encoder-learned-pos"])
     return m.eval()
 
 
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
-def test_packed_route_equals_fairseq_forward(model, gelu_model, activation):
+def test_packed_route_equals_fairseq_forward(model, gelu_model, activation):  # gelu: learned positions
     """Inside a decoding scope (CPU, float32) the layers run packed (real positions only, one
     sentence's rows as one cross-attention sequence, the last layer after self-attention only at the
     selected positions, ReLU and residuals fused): fairseq's forward at every real / selected position."""
@@ -99,6 +100,10 @@ def test_packed_route_equals_fairseq_forward(model, gelu_model, activation):
             assert torch.allclose(got_sel, want[select], atol=1e-5)
             none = fast.decoder_features(m.decoder, x, self_pad, cross, sent, select=torch.zeros_like(select))
             assert none.shape == (0, want.size(-1))
+            # from tokens: only the real positions embedded
+            assert torch.allclose(fast.token_features(m.decoder, tokens, cross, sent)[~pad], want[~pad], atol=1e-5)
+            assert torch.allclose(fast.token_features(m.decoder, tokens, cross, sent, select=select),
+                                  want[select], atol=1e-5)
 
 
 @torch.no_grad()

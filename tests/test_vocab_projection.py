@@ -69,8 +69,9 @@ def test_generator_projections_of_kept_positions_equal_the_full_projection():
         assert torch.allclose(target_log_probs(feats, proj, target, V), want_t, atol=1e-5)
 
 
+@pytest.mark.parametrize("everywhere", [True, False])  # a forbidden symbol wins every state / some
 @pytest.mark.parametrize("bias", [False, True])
-def test_best_vocab_tokens_equal_log_softmax_argmax_without_forbidden_symbols(bias):
+def test_best_vocab_tokens_equal_log_softmax_argmax_without_forbidden_symbols(bias, everywhere):
     import torch.nn.functional as F
 
     from fairseq_nat_ext.modules.vocab_projection import best_vocab_tokens
@@ -84,9 +85,15 @@ def test_best_vocab_tokens_equal_log_softmax_argmax_without_forbidden_symbols(bi
 
     dec = Dec()
     with torch.no_grad():
-        dec.output_projection.weight[3] += 5.0  # a forbidden symbol that would win everywhere
         feats = torch.randn(7, 16)
+        if everywhere:  # a forbidden symbol that wins every state
+            feats = feats.abs()
+            dec.output_projection.weight[3] += 5.0
+        else:  # states 0 and 4 point at forbidden symbol 3, the others at allowed ones
+            feats[[0, 4]] = 4.0 * dec.output_projection.weight[3]
         lp, tok = best_vocab_tokens(dec, feats, [1, 3], block=3)  # blocks of 3, 3 and 1 states
+    winners = dec.output_projection(feats).argmax(-1)
+    assert bool(winners.eq(3).all()) if everywhere else (winners.eq(3).any() and not winners.eq(3).all())
     for i in range(7):  # plain reference, one state at a time
         ref = F.log_softmax(dec.output_projection(feats[i]), -1)
         ref[[1, 3]] = float("-inf")

@@ -208,8 +208,9 @@ class count_decoder_calls:
     ``forward``), wrapped on the instance (fairseq's SequenceGenerator calls the decoder's methods
     directly, which bypasses the decoder's own hooks).  A decoder's ``packed_features`` (inference over the
     real positions, modules/packed.py, which reads the layers' parameters without calling them) is counted
-    as one pass too, and so is a call of modules/nat_decoder_inference.decoder_features on it (the
-    decoding forward that runs the layers' sublayers itself).  Length prediction is not a pass."""
+    as one pass too, and so is a call of modules/nat_decoder_inference.decoder_features / token_features
+    on it (the decoding forward that runs the layers' sublayers itself; seen through its
+    ``PASS_OBSERVERS``).  Length prediction is not a pass."""
 
     def __init__(self, models):
         model = models[0]
@@ -235,15 +236,13 @@ class count_decoder_calls:
         if self.layer is not None:
             from ..modules import nat_decoder_inference as fast
 
-            self._fast, original = fast, fast.decoder_features
-
-            def counted_features(decoder, *args, **kwargs):
+            def observe(decoder):
                 if decoder is self.decoder:
                     self._count()
-                return original(decoder, *args, **kwargs)
 
-            fast.decoder_features = counted_features
-            self._fast_original = original
+            self._observers = fast.PASS_OBSERVERS
+            self._observers.append(observe)
+            self._observer = observe
         return self  # nothing known to count: calls stays 0
 
     def _wrap(self, method):
@@ -263,9 +262,9 @@ class count_decoder_calls:
         for method in self._wrapped:
             delattr(self.decoder, method)  # the class' method is visible again
         self._wrapped = []
-        if getattr(self, "_fast_original", None) is not None:
-            self._fast.decoder_features = self._fast_original
-            self._fast_original = None
+        if getattr(self, "_observer", None) is not None:
+            self._observers.remove(self._observer)
+            self._observer = None
         return False
 
 

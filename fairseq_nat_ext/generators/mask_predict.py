@@ -88,10 +88,7 @@ class MaskPredictGenerator(NATGeneratorBase):
         sent = src["sent"][rows]
 
         def features(m, cross):
-            pad = tokens.eq(self.pad)
-            x = fast.embed_tokens(m.decoder, tokens)
-            return fast.decoder_features(m.decoder, x, pad if bool(pad.any()) else None, cross, sent,
-                                         select=masked)
+            return fast.token_features(m.decoder, tokens, cross, sent, select=masked)
 
         def lprobs(i, m):
             if src["cross"] is None:

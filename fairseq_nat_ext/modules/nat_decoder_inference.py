@@ -33,6 +33,11 @@ from . import cpu_linear, packed
 from .attention.mix import stacked_qkv, stacked_qkv_weight
 
 
+#: functions called with the decoder at every pass of :func:`decoder_features` / :func:`token_features`
+#: (evaluation.inference.count_decoder_calls counts the passes with one)
+PASS_OBSERVERS = []
+
+
 def _attn_supported(attn):
     return (attn is not None and attn.bias_k is None and not attn.add_zero_attn
             and not getattr(attn, "use_xformers", False) and attn.qkv_same_dim
@@ -120,6 +125,16 @@ class Plan:
 
     def __init__(self, layers, final_norm, out_proj):
         self.layers, self.final_norm, self.out_proj = layers, final_norm, out_proj
+        self._positions = {}  # T -> (T, C) position embeddings of a right-padded row's real positions
+
+    def positions(self, decoder, T, device):
+        """``decoder.embed_positions`` of the positions 0..T-1 of a row whose tokens are all real (what
+        every real position of a right-padded row gets), (T, C); computed once per T."""
+        hit = self._positions.get(T)
+        if hit is None:
+            dummy = torch.full((1, T), decoder.padding_idx + 1, dtype=torch.long, device=device)
+            hit = self._positions[T] = decoder.embed_positions(dummy)[0]
+        return hit
 
     @staticmethod
     def build(decoder, enc):
@@ -205,6 +220,12 @@ def decoder_features(decoder, x, self_pad, cross, sent=None, select=None):
     With ``cross.plan`` (CPU, float32, inside a decoding scope) the layers run on the real positions
     only (:func:`packed_features`); states at padding are then zeros.
     """
+    for observe in PASS_OBSERVERS:
+        observe(decoder)
+    return _features(decoder, x, self_pad, cross, sent, select)
+
+
+def _features(decoder, x, self_pad, cross, sent, select):
     if cross.plan is not None and cpu_linear.caching() and x.dtype == torch.float32 and x.device.type == "cpu":
         out = packed_features(cross.plan, x, self_pad, cross, sent, select)
         if out is not None:
@@ -240,18 +261,59 @@ def packed_features(plan, x, self_pad, cross, sent=None, select=None):
     Equal to the padded route up to float rounding (the same hypotheses in every decoder's test).
     None (the caller takes the padded route) when there is nothing to compute (no real or no selected
     position) or ``select`` asks for padding positions."""
-    N, T, C = x.shape
+    N, T, _ = x.shape
     valid = (torch.ones(N, T, dtype=torch.bool, device=x.device) if self_pad is None else ~self_pad)
     rows = packed.Rows(valid)
-    pick = None  # the selected positions' indices among the packed rows
-    if select is not None:
-        if self_pad is not None and bool((select & self_pad).any()):
-            return None  # padding positions' states asked for: only the padded route has them
-        pick = (valid.reshape(-1).long().cumsum(0) - 1)[select.reshape(-1).nonzero().squeeze(1)]
-    if rows.index.numel() == 0 or (pick is not None and pick.numel() == 0):
+    pick = _pick(rows, self_pad, select)
+    if pick is False:
         return None
-    keep = None if self_pad is None else valid.view(N, 1, 1, T)
-    h = rows.pack(x)
+    return _packed_layers(plan, rows.pack(x), rows, self_pad, cross, sent, select, pick)
+
+
+def _pick(rows, self_pad, select):
+    """The selected positions' indices among the packed rows (None: no selection), or False when the
+    packed route cannot serve the call (no real position, nothing selected, padding selected)."""
+    if rows.index.numel() == 0:
+        return False
+    if select is None:
+        return None
+    if self_pad is not None and bool((select & self_pad).any()):
+        return False  # padding positions' states asked for: only the padded route has them
+    pick = (rows.valid.reshape(-1).long().cumsum(0) - 1)[select.reshape(-1).nonzero().squeeze(1)]
+    return pick if pick.numel() > 0 else False
+
+
+def token_features(decoder, tokens, cross, sent=None, select=None):
+    """``decoder_features(decoder, embed_tokens(decoder, tokens), pad, cross, sent, select)`` for
+    right-padded decoder input tokens (N, T) (pad: their padding, None when there is none); on the
+    packed route only the real positions are embedded (position embeddings of a length computed once per
+    decoding call)."""
+    for observe in PASS_OBSERVERS:
+        observe(decoder)
+    pad = tokens.eq(decoder.padding_idx)
+    self_pad = pad if bool(pad.any()) else None
+    plan = cross.plan
+    if plan is not None and cpu_linear.caching() and tokens.device.type == "cpu":
+        rows = packed.Rows(~pad)
+        pick = _pick(rows, self_pad, select)
+        if pick is not False:
+            h = decoder.embed_scale * decoder.embed_tokens(tokens.reshape(-1).index_select(0, rows.index))
+            if decoder.project_in_dim is not None:
+                h = decoder.project_in_dim(h)
+            if decoder.embed_positions is not None:
+                T = tokens.size(1)
+                h = h + plan.positions(decoder, T, tokens.device).index_select(0, rows.index % T)
+            if decoder.layernorm_embedding is not None:
+                h = decoder.layernorm_embedding(h)
+            if h.dtype == torch.float32:
+                return _packed_layers(plan, h, rows, self_pad, cross, sent, select, pick)
+    return _features(decoder, embed_tokens(decoder, tokens), self_pad, cross, sent, select)
+
+
+def _packed_layers(plan, h, rows, self_pad, cross, sent, select, pick):
+    """The layers of :func:`packed_features` on the packed rows h (M, C) of ``rows``."""
+    N, T, C = rows.N, rows.T, h.size(-1)
+    keep = None if self_pad is None else rows.valid.view(N, 1, 1, T)
     one = bool((sent == sent[0]).all()) if sent is not None else N == 1
     last = len(plan.layers) - 1
     for i, lp in enumerate(plan.layers):

@@ -67,10 +67,15 @@ def best_vocab_tokens(decoder, feats: Tensor, forbidden, block=BEST_TOKEN_BLOCK)
         else:
             y = torch.addmm(b.unsqueeze(1), W, x.t()) if b is not None else torch.mm(W, x.t())
             y = y.float()  # (V, m)
-        mx = y.max(0).values  # the largest logit, forbidden ones included: the normaliser first
+        mx, tok = y.max(0)  # the largest logit (forbidden ones included) and its first token
         lse = torch.exp(y - mx).sum(0).log()
-        y[forbidden] = float("-inf")  # then the best allowed token
-        top, tok = y.max(0)
+        top = mx
+        bad = torch.isin(tok, forbidden)
+        if bool(bad.any()):  # those states' best allowed token (the first one at the largest value)
+            z = y[:, bad]
+            z[forbidden] = float("-inf")
+            top_b, tok[bad] = z.max(0)
+            top = mx.masked_scatter(bad, top_b)
         best_lp[a:a + block] = top - mx - lse
         best_tok[a:a + block] = tok
     return best_lp, best_tok
