@@ -140,6 +140,19 @@ def test_fused_projection_follows_weight_updates(model):
             sa.k_proj.weight.sub_(1.0)
 
 
+def test_retained_dropout_is_refused(model):
+    """--retain-dropout (fairseq-generate sets apply_during_inference): the decoder's own forward, which
+    drops at inference; the decoding forward here applies no dropout."""
+    drop = model.decoder.layers[-1].dropout_module
+    old = (drop.p, drop.apply_during_inference)
+    drop.p, drop.apply_during_inference = 0.1, True
+    try:
+        assert not fast.supported(model.decoder)
+    finally:
+        drop.p, drop.apply_during_inference = old
+    assert fast.supported(model.decoder)
+
+
 def test_unsupported_layers_are_refused(model):
     layer = model.decoder.layers[0]
     old = layer.c_attn

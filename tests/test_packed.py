@@ -1,11 +1,18 @@
 """modules/packed.py: decoder layers over the real positions only equal the modules' own padded forwards
 (fairseq's Transformer decoder, post- and pre-norm; our fertility NAT decoder), for a key batch of N rows
 and of one shared source, on ragged rows including a length-1 row."""
+import contextlib
+
 import pytest
 import torch
 
 from conftest import build_model_and_task
-from fairseq_nat_ext.modules import packed
+from fairseq_nat_ext.modules import cpu_linear, packed
+
+
+def _scope(decoding, model):
+    """A generator's decoding scope (prepacked products, ReLU and residuals fused) or none."""
+    return cpu_linear.decoding([model]) if decoding else contextlib.nullcontext()
 
 
 def _teacher(data_bin, extra=()):
@@ -29,8 +36,9 @@ def _ragged_prev(pad, lengths, seed=0):
     return prev
 
 
+@pytest.mark.parametrize("decoding", [False, True])
 @pytest.mark.parametrize("extra", [(), ("--decoder-normalize-before", "--layernorm-embedding")])
-def test_decoder_features_equal_fairseqs_forward_at_the_real_positions(toy_databin, extra):
+def test_decoder_features_equal_fairseqs_forward_at_the_real_positions(toy_databin, extra, decoding):
     teacher = _teacher(toy_databin[0], extra)
     assert packed.supports_decoder(teacher.decoder)
     pad = teacher.decoder.padding_idx
@@ -38,7 +46,7 @@ def test_decoder_features_equal_fairseqs_forward_at_the_real_positions(toy_datab
     lengths = [5, 1, 3, 4]
     prev = _ragged_prev(pad, lengths)
     valid = prev.ne(pad)
-    with torch.no_grad():
+    with torch.no_grad(), _scope(decoding, teacher):
         enc = teacher.encoder(src, src_lengths=torch.tensor([4, 3]))
         for order in (torch.tensor([0, 1, 1, 0]), torch.tensor([1, 1, 1, 1])):
             expanded = teacher.encoder.reorder_encoder_out(enc, order)
@@ -60,7 +68,8 @@ def test_unsupported_decoders_are_refused(toy_databin):
     assert not packed.supports_decoder(teacher.decoder)
 
 
-def test_fertility_packed_features_equal_forward_at_the_real_positions(toy_databin):
+@pytest.mark.parametrize("decoding", [False, True])
+def test_fertility_packed_features_equal_forward_at_the_real_positions(toy_databin, decoding):
     torch.manual_seed(0)
     task, model, _ = build_model_and_task(toy_databin[0], ["--arch", "nat_fertility_tiny", "--dropout", "0"])
     model.eval()
@@ -73,7 +82,7 @@ def test_fertility_packed_features_equal_forward_at_the_real_positions(toy_datab
     fert[1, -4:-1] = torch.tensor([2, 0, 3])
     fert[2, -3:-1] = torch.tensor([1, 1])
     fert[3, -6:-1] = torch.tensor([1, 2, 1, 1, 2])
-    with torch.no_grad():
+    with torch.no_grad(), _scope(decoding, model):
         enc = model.encoder(src, src_lengths=src_len)
         for order, cross_order in ((torch.tensor([0, 2, 1, 2]), None), (torch.tensor([1, 1, 1, 1]), torch.tensor([1]))):
             rows = model.encoder.reorder_encoder_out(enc, order)

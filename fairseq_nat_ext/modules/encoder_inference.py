@@ -47,7 +47,7 @@ def supported(encoder) -> bool:
     layers = getattr(encoder, "layers", None)
     if layers is None or len(layers) == 0:
         return False
-    if any(getattr(m, "apply_during_inference", False) and getattr(m, "p", 0) > 0 for m in encoder.modules()):
+    if fast.dropout_at_inference(encoder):
         return False  # --retain-dropout: fairseq applies dropout at inference, this forward does not
     # nn.ModuleList's own iterator: fairseq's LayerDropModuleList draws a random number per layer on
     # every iteration (even in eval mode), and fairseq's forward iterates once; so does encode()

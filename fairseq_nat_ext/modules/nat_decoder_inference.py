@@ -44,11 +44,20 @@ def _attn_supported(attn):
             and abs(attn.scaling - attn.head_dim ** -0.5) < 1e-12)
 
 
+def dropout_at_inference(module) -> bool:
+    """True when a dropout module inside ``module`` acts in eval mode too (fairseq's ``--retain-dropout``:
+    ``apply_during_inference``); the decoding forwards here (and :mod:`.encoder_inference`) apply none."""
+    return any(getattr(m, "apply_during_inference", False) and getattr(m, "p", 0) > 0 for m in module.modules())
+
+
 def supported(decoder):
-    """True when :func:`decoder_features` computes exactly what ``decoder``'s own layer loop does."""
+    """True when :func:`decoder_features` computes exactly what ``decoder``'s own layer loop does (in
+    eval mode: no dropout kept at inference)."""
     layers = getattr(decoder, "layers", None)
     if layers is None or len(layers) == 0 or getattr(decoder, "cross_self_attention", False):
         return False
+    if dropout_at_inference(decoder):
+        return False  # --retain-dropout: fairseq's layers drop at inference, this forward does not
     for layer in torch.nn.ModuleList.__iter__(layers):  # no LayerDropModuleList draws
         if (getattr(layer, "cross_self_attention", False) or layer.c_attn is not None
                 or layer.attn_ln is not None or layer.ffn_layernorm is not None
