@@ -239,17 +239,13 @@ class FertilityDecoder(FairseqNATDecoder):
         enc, enc_pad = packed.encoder_states(encoder_out)
         for layer in self.layers:
             h = packed.block(layer, h, layer.self_attn_layer_norm,
-                             lambda y, residual=None: packed.self_attention(layer.self_attn, y, rows, mask=self_mask,
-                                                                            residual=residual))
+                             lambda y: packed.self_attention(layer.self_attn, y, rows, mask=self_mask))
             h = packed.block(layer, h, layer.pos_attn_layer_norm,
-                             lambda y, residual=None: packed.positional_attention(layer.pos_attn, full, y, rows,
-                                                                                  key_ok, residual=residual))
+                             lambda y: packed.positional_attention(layer.pos_attn, full, y, rows, key_ok))
             if layer.encoder_attn is not None:
                 h = packed.block(layer, h, layer.encoder_attn_layer_norm,
-                                 lambda y, residual=None: packed.cross_attention(layer.encoder_attn, y, rows, enc,
-                                                                                 enc_pad, residual=residual))
-            h = packed.block(layer, h, layer.final_layer_norm,
-                             lambda y, residual=None: packed.feed_forward(layer, y, residual))
+                                 lambda y: packed.cross_attention(layer.encoder_attn, y, rows, enc, enc_pad))
+            h = packed.block(layer, h, layer.final_layer_norm, lambda y: packed.feed_forward(layer, y))
         if self.layer_norm is not None:
             h = self.layer_norm(h)
         if self.project_out_dim is not None:
