@@ -12,6 +12,8 @@ milliseconds per sentence spent in
 * ``encoder`` (once per sentence), ``cross_kv`` (the cross-attention key/value projections: once per
   sentence in fast mode, every pass and length candidate in slow mode), ``self_attention``,
   ``cross_attention`` (its query/output projections and the attention itself), ``feed_forward``,
+  ``decoder_layers`` (the fast path's packed CPU route, ``nat_decoder_inference._packed_layers``, whose
+  sublayers run inline: the three components before it are then 0 and this one holds all three),
   ``vocabulary`` (the projection onto the vocabulary and its log-softmax),
 * ``other``: the rest of the measured time (embeddings, length prediction, re-masking, bookkeeping,
   Python's own overhead),
@@ -64,7 +66,8 @@ from fairseq_nat_ext.evaluation import decoding as dec
 from fairseq_nat_ext.evaluation import inference as inf
 from fairseq_nat_ext.evaluation.timing import set_threads
 
-COMPONENTS = ["encoder", "cross_kv", "self_attention", "cross_attention", "feed_forward", "vocabulary"]
+COMPONENTS = ["encoder", "cross_kv", "self_attention", "cross_attention", "feed_forward", "decoder_layers",
+              "vocabulary"]
 
 
 class Clock:
@@ -132,6 +135,7 @@ def instrumented(model, clock):
         handles.append(layer.encoder_attn.register_forward_pre_hook(lambda *_: clock.start("cross_attention")))
         handles.append(layer.encoder_attn.register_forward_hook(lambda *_: clock.stop("cross_attention")))
     timed(fast, "cross_attention", "cross_attention")
+    timed(fast, "_packed_layers", "decoder_layers")
     try:
         yield
     finally:
