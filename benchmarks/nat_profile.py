@@ -71,21 +71,27 @@ COMPONENTS = ["encoder", "cross_kv", "self_attention", "cross_attention", "feed_
 
 
 class Clock:
-    """Accumulated seconds per component; nested timers of the same component count once."""
+    """Exclusive seconds per component: while a timer runs inside another component's (the encoder's
+    sublayers inside ``encoder``, the key/value projections inside the slow path's cross-attention), only
+    the inner component accumulates; nested timers of the same component count once."""
 
-    def __init__(self):
+    def __init__(self, now=time.perf_counter):
         self.seconds = dict.fromkeys(COMPONENTS, 0.0)
-        self._open = {}
+        self._now = now
+        self._stack = []  # open timers, innermost last
+        self._since = 0.0  # when the innermost open timer last started accumulating
 
     def start(self, name):
-        if self._open.get(name, 0) == 0:
-            self._open[name + "@"] = time.perf_counter()
-        self._open[name] = self._open.get(name, 0) + 1
+        now = self._now()
+        if self._stack:
+            self.seconds[self._stack[-1]] += now - self._since
+        self._stack.append(name)
+        self._since = now
 
     def stop(self, name):
-        self._open[name] -= 1
-        if self._open[name] == 0:
-            self.seconds[name] += time.perf_counter() - self._open.pop(name + "@")
+        now = self._now()
+        self.seconds[self._stack.pop()] += now - self._since
+        self._since = now
 
 
 def _hook_module(module, clock, name, handles):
@@ -288,11 +294,7 @@ def profile(system, generator, batches, n):
         t0 = time.perf_counter()
         hyps = inf.decode(system.task, generator, system.models, batches)
         total = time.perf_counter() - t0
-    sec = dict(clock.seconds)
-    # the cross-attention timer of the slow path includes its key/value projections
-    if not generator.fast_decoder:
-        sec["cross_attention"] -= sec["cross_kv"]
-    ms = {k: 1000.0 * v / n for k, v in sec.items()}
+    ms = {k: 1000.0 * v / n for k, v in clock.seconds.items()}
     ms["other"] = 1000.0 * total / n - sum(ms.values())
     ms["total"] = 1000.0 * total / n
     return {"ms_per_sentence": {k: round(v, 3) for k, v in ms.items()},

@@ -94,3 +94,19 @@ def test_counts_the_plugin_decoding_forward_by_hand(toy_databin):
                  + 2 * 2 * N * T * d * f)  # feed-forward
     assert c.flops["linear"] == cross_kv + L * per_layer
     assert c.flops["attention"] == L * (2 * 2 * N * T * T * d + 2 * 2 * N * T * S * d)
+
+
+def test_clock_times_each_component_exclusively():
+    """An inner timer of another component pauses the outer one; the same component nested counts once."""
+    from benchmarks.nat_profile import Clock
+
+    ticks = iter([0.0, 2.0, 5.0, 6.0, 6.0, 8.0])  # the clock reads at each start / stop, in order
+    clock = Clock(now=lambda: next(ticks))
+    clock.start("encoder")  # 0
+    clock.start("self_attention")  # 2: encoder ran 2
+    clock.start("self_attention")  # 5
+    clock.stop("self_attention")  # 6
+    clock.stop("self_attention")  # 6: self_attention ran 4 (2..6), once
+    clock.stop("encoder")  # 8: encoder 2 more
+    assert clock.seconds["encoder"] == 4.0
+    assert clock.seconds["self_attention"] == 4.0
