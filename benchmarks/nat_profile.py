@@ -13,14 +13,17 @@ milliseconds per sentence spent in
   sentence in fast mode, every pass and length candidate in slow mode), ``self_attention``,
   ``cross_attention`` (its query/output projections and the attention itself), ``feed_forward``,
   ``decoder_layers`` (the fast path's packed CPU route, ``nat_decoder_inference._packed_layers``, whose
-  sublayers run inline: the three components before it are then 0 and this one holds all three),
+  sublayers run inline: the decoder's share of the three components before it is then 0 and this one
+  holds it),
   ``vocabulary`` (the projection onto the vocabulary and its log-softmax),
 * ``other``: the rest of the measured time (embeddings, length prediction, re-masking, bookkeeping,
   Python's own overhead),
 
 plus the decoder passes per sentence (calls of the decoder stack) and whether both modes gave the same
 hypotheses.  Timers wrap the modules (forward hooks) and the fast path's sublayer functions; their own
-cost lands in the component they time.  Run it on an otherwise idle machine.
+cost lands in the component they time.  Each component's time is exclusive (:class:`Clock`): a timer
+nested in another component's pauses it, except inside ``encoder``, which keeps its sublayers' time.
+Run it on an otherwise idle machine.
 
 Matrix-product arithmetic (``--count-flops``) and its share of the time (``--profiler-share``), for any
 checkpoint and decoding the harness runs (``--decoding beam=5`` for the autoregressive teacher, whose
@@ -70,27 +73,40 @@ COMPONENTS = ["encoder", "cross_kv", "self_attention", "cross_attention", "feed_
               "vocabulary"]
 
 
+#: components that keep the time of timers nested in them (the fast encoder runs the decoder path's
+#: ``self_attention`` / ``feed_forward``, which are timed too: that time is the encoder's)
+INCLUSIVE = {"encoder"}
+
+
 class Clock:
-    """Exclusive seconds per component: while a timer runs inside another component's (the encoder's
-    sublayers inside ``encoder``, the key/value projections inside the slow path's cross-attention), only
-    the inner component accumulates; nested timers of the same component count once."""
+    """Exclusive seconds per component: while a timer runs inside another component's (the key/value
+    projections inside the slow path's cross-attention), only the inner component accumulates, except
+    inside an ``INCLUSIVE`` one, which keeps everything nested in it; nested timers of the same component
+    count once.  ``stop`` must close the innermost open timer."""
 
     def __init__(self, now=time.perf_counter):
         self.seconds = dict.fromkeys(COMPONENTS, 0.0)
         self._now = now
-        self._stack = []  # open timers, innermost last
+        self._stack = []  # open timers, innermost last: (name, the component credited)
         self._since = 0.0  # when the innermost open timer last started accumulating
 
     def start(self, name):
         now = self._now()
+        credited = name
         if self._stack:
-            self.seconds[self._stack[-1]] += now - self._since
-        self._stack.append(name)
+            outer = self._stack[-1][1]
+            self.seconds[outer] += now - self._since
+            if outer in INCLUSIVE:
+                credited = outer
+        self._stack.append((name, credited))
         self._since = now
 
     def stop(self, name):
         now = self._now()
-        self.seconds[self._stack.pop()] += now - self._since
+        if not self._stack or self._stack[-1][0] != name:
+            raise RuntimeError(f"nat_profile: timer {name!r} stopped while "
+                               f"{self._stack[-1][0] if self._stack else 'none'!r} is the innermost open one")
+        self.seconds[self._stack.pop()[1]] += now - self._since
         self._since = now
 
 

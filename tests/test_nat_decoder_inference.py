@@ -63,13 +63,18 @@ def gelu_model(toy_databin):
 
 
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
-def test_packed_route_equals_fairseq_forward(model, gelu_model, activation):  # gelu: learned positions
+def test_packed_route_equals_fairseq_forward(model, gelu_model, activation, monkeypatch):  # gelu: learned positions
     """Inside a decoding scope (CPU, float32) the layers run packed (real positions only, one
     sentence's rows as one cross-attention sequence, the last layer after self-attention only at the
     selected positions, ReLU and residuals fused): fairseq's forward at every real / selected position."""
     from fairseq_nat_ext.modules import cpu_linear
 
+    if not cpu_linear.fused_available():
+        pytest.skip("this torch has no oneDNN fused products: no packed route")
     m = gelu_model if activation == "gelu" else model
+    packed_calls = []
+    layers = fast._packed_layers
+    monkeypatch.setattr(fast, "_packed_layers", lambda *a: packed_calls.append(1) or layers(*a))
     g = torch.Generator().manual_seed(1)
     src, src_len = _batch(m, [3, 6, 4], 6)
     cases = [  # (sentence of each row, target lengths)
@@ -80,7 +85,7 @@ def test_packed_route_equals_fairseq_forward(model, gelu_model, activation):  # 
     with torch.no_grad(), cpu_linear.decoding([m]):
         enc = m.encoder(src, src_lengths=src_len)
         cross = fast.cross_kv(m.decoder, enc)
-        assert (cross.plan is not None) == cpu_linear.fused_available()
+        assert cross.plan is not None
         for sent, tgt_len in cases:
             N, T = len(sent), int(tgt_len.max())
             pad = torch.arange(T).unsqueeze(0) >= tgt_len.unsqueeze(1)
@@ -101,9 +106,20 @@ def test_packed_route_equals_fairseq_forward(model, gelu_model, activation):  # 
             none = fast.decoder_features(m.decoder, x, self_pad, cross, sent, select=torch.zeros_like(select))
             assert none.shape == (0, want.size(-1))
             # from tokens: only the real positions embedded
+            before = len(packed_calls)
             assert torch.allclose(fast.token_features(m.decoder, tokens, cross, sent)[~pad], want[~pad], atol=1e-5)
             assert torch.allclose(fast.token_features(m.decoder, tokens, cross, sent, select=select),
                                   want[select], atol=1e-5)
+            assert len(packed_calls) == before + 2  # both on the packed route
+        # a row padded in the middle is not right-padded: embedded by fairseq's own embedding (its
+        # positions count real tokens only), then the layers
+        tokens = torch.tensor([[5, 6, m.pad, 7], [8, 9, 10, 11]])
+        sent = torch.tensor([0, 1])
+        got = fast.token_features(m.decoder, tokens, cross, sent)
+        want, _ = m.decoder.extract_features(tokens, encoder_out=m.encoder.reorder_encoder_out(enc, sent),
+                                             full_context_alignment=True)
+        real = tokens.ne(m.pad)
+        assert torch.allclose(got[real], want[real], atol=1e-5)
 
 
 @torch.no_grad()
@@ -138,6 +154,16 @@ def test_fused_projection_follows_weight_updates(model):
     finally:
         with torch.no_grad():
             sa.k_proj.weight.sub_(1.0)
+
+
+def test_decoder_quant_noise_is_refused(model):
+    """fairseq's decoder applies its quant-noise projection to the input even in eval mode."""
+    model.decoder.quant_noise = torch.nn.Linear(4, 4)
+    try:
+        assert not fast.supported(model.decoder)
+    finally:
+        model.decoder.quant_noise = None
+    assert fast.supported(model.decoder)
 
 
 def test_retained_dropout_is_refused(model):
@@ -204,16 +230,22 @@ def test_ctc_decoder_eval_forward_equals_its_layer_loop(toy_databin, arch):
     up = m.decoder.upsample(enc)
     L = up[0].size(1)
     alignment = torch.randint(4, 20, (3, L)).masked_fill(m.decoder.alignment_padding(up[1], L), m.pad)
-    alignment[torch.rand(3, L) < 0.5] = m.mask_idx
+    alignment[torch.rand(3, L) < 0.5] = m.mask_idx  # padding positions too: only the padded route has them
     select = alignment.eq(m.mask_idx)
-    for kw in ({}, {"alignment": alignment, "select": select}):
+    real = ~m.decoder.alignment_padding(up[1], L)
+    observed = alignment.masked_fill(~real, m.pad)
+    observed[(torch.rand(3, L) < 0.5) & real] = m.mask_idx  # real positions only: the packed route
+    for kw in ({}, {"alignment": alignment, "select": select},
+               {"alignment": observed, "select": observed.eq(m.mask_idx)}):
         with torch.enable_grad():
             want = m.decoder(enc, normalize=True, upsampled=up, **kw)
         with torch.no_grad():
             got = m.decoder(enc, normalize=True, upsampled=up, **kw)
             cached = m.decoder(enc, normalize=True, upsampled=up, cross=fast.cross_kv(m.decoder, enc), **kw)
         with torch.no_grad(), cpu_linear.decoding([m]):  # the packed route
-            packed = m.decoder(enc, normalize=True, upsampled=up, cross=fast.cross_kv(m.decoder, enc), **kw)
+            cross = fast.cross_kv(m.decoder, enc)
+            assert (cross.plan is not None) == cpu_linear.fused_available()
+            packed = m.decoder(enc, normalize=True, upsampled=up, cross=cross, **kw)
         inside = ~m.decoder.alignment_padding(up[1], L) if not kw else slice(None)
         assert torch.allclose(got[inside], want[inside].detach(), atol=1e-4)
         assert torch.equal(got, cached)

@@ -97,16 +97,30 @@ def test_counts_the_plugin_decoding_forward_by_hand(toy_databin):
 
 
 def test_clock_times_each_component_exclusively():
-    """An inner timer of another component pauses the outer one; the same component nested counts once."""
+    """An inner timer of another component pauses the outer one; the same component nested counts once;
+    the encoder keeps its sublayers' time; a stop out of order is an error."""
     from benchmarks.nat_profile import Clock
 
     ticks = iter([0.0, 2.0, 5.0, 6.0, 6.0, 8.0])  # the clock reads at each start / stop, in order
     clock = Clock(now=lambda: next(ticks))
-    clock.start("encoder")  # 0
-    clock.start("self_attention")  # 2: encoder ran 2
-    clock.start("self_attention")  # 5
-    clock.stop("self_attention")  # 6
-    clock.stop("self_attention")  # 6: self_attention ran 4 (2..6), once
-    clock.stop("encoder")  # 8: encoder 2 more
-    assert clock.seconds["encoder"] == 4.0
-    assert clock.seconds["self_attention"] == 4.0
+    clock.start("cross_attention")  # 0
+    clock.start("cross_kv")  # 2: cross_attention ran 2
+    clock.start("cross_kv")  # 5
+    clock.stop("cross_kv")  # 6
+    clock.stop("cross_kv")  # 6: cross_kv ran 4 (2..6), once
+    clock.stop("cross_attention")  # 8: cross_attention 2 more
+    assert clock.seconds["cross_attention"] == 4.0 and clock.seconds["cross_kv"] == 4.0
+
+    ticks = iter([0.0, 1.0, 3.0, 4.0])
+    clock = Clock(now=lambda: next(ticks))
+    clock.start("encoder")
+    clock.start("self_attention")  # the fast encoder's sublayer: the encoder's time
+    clock.stop("self_attention")
+    clock.stop("encoder")
+    assert clock.seconds["encoder"] == 4.0 and clock.seconds["self_attention"] == 0.0
+
+    clock = Clock(now=lambda: 0.0)
+    clock.start("encoder")
+    clock.start("vocabulary")
+    with pytest.raises(RuntimeError, match="vocabulary"):
+        clock.stop("encoder")

@@ -58,6 +58,8 @@ def supported(decoder):
         return False
     if dropout_at_inference(decoder):
         return False  # --retain-dropout: fairseq's layers drop at inference, this forward does not
+    if getattr(decoder, "quant_noise", None) is not None:
+        return False  # fairseq applies the decoder's quant-noise projection to its input, even in eval mode
     for layer in torch.nn.ModuleList.__iter__(layers):  # no LayerDropModuleList draws
         if (getattr(layer, "cross_self_attention", False) or layer.c_attn is not None
                 or layer.attn_ln is not None or layer.ffn_layernorm is not None
@@ -106,8 +108,15 @@ def cross_kv(decoder, encoder_out):
     keep = None
     if len(pads) > 0 and pads[0] is not None and bool(pads[0].any()):
         keep = (~pads[0]).view(pads[0].size(0), 1, 1, pads[0].size(1))
-    return CrossKV([packed.encoder_kv(layer.encoder_attn, enc) for layer in decoder.layers], keep,
+    layers = _layers(decoder)
+    return CrossKV([packed.encoder_kv(layer.encoder_attn, enc) for layer in layers], keep,
                    Plan.build(decoder, enc))
+
+
+def _layers(decoder):
+    """The decoder's layers, without a draw of fairseq's LayerDropModuleList (its iterator draws from
+    torch's global generator on every iteration, even in eval mode)."""
+    return list(torch.nn.ModuleList.__iter__(decoder.layers))
 
 
 def _norm(ln):
@@ -149,7 +158,8 @@ class Plan:
     def build(decoder, enc):
         """The plan of ``decoder`` for decoder inputs like ``enc`` (float32 on CPU inside a caching
         decoding scope, :func:`.cpu_linear.usable`), else None."""
-        if not cpu_linear.fused_available() or not supported(decoder):
+        if (not cpu_linear.caching() or enc.device.type != "cpu" or enc.dtype != torch.float32
+                or not cpu_linear.fused_available() or not supported(decoder)):
             return None
 
         def lin(m):
@@ -159,7 +169,7 @@ class Plan:
 
         try:
             layers = []
-            for layer in decoder.layers:
+            for layer in _layers(decoder):
                 sa, ca = layer.self_attn, layer.encoder_attn
                 w, b = stacked_qkv_weight(sa)
                 if not cpu_linear.usable(enc, w):
@@ -296,13 +306,16 @@ def token_features(decoder, tokens, cross, sent=None, select=None):
     """``decoder_features(decoder, embed_tokens(decoder, tokens), pad, cross, sent, select)`` for
     right-padded decoder input tokens (N, T) (pad: their padding, None when there is none); on the
     packed route only the real positions are embedded (position embeddings of a length computed once per
-    decoding call)."""
+    decoding call).  The packed route needs right-padded rows (each row's real tokens first, as a NAT
+    generator's candidates are); other padding takes the padded route, whose positions follow fairseq's
+    ``make_positions``."""
     for observe in PASS_OBSERVERS:
         observe(decoder)
     pad = tokens.eq(decoder.padding_idx)
     self_pad = pad if bool(pad.any()) else None
     plan = cross.plan
-    if plan is not None and cpu_linear.caching() and tokens.device.type == "cpu":
+    right_padded = self_pad is None or not bool((pad[:, :-1] & ~pad[:, 1:]).any())
+    if plan is not None and cpu_linear.caching() and tokens.device.type == "cpu" and right_padded:
         rows = packed.Rows(~pad)
         pick = _pick(rows, self_pad, select)
         if pick is not False:
