@@ -60,7 +60,7 @@ def supported(decoder):
         return False  # --retain-dropout: fairseq's layers drop at inference, this forward does not
     if getattr(decoder, "quant_noise", None) is not None:
         return False  # fairseq applies the decoder's quant-noise projection to its input, even in eval mode
-    for layer in torch.nn.ModuleList.__iter__(layers):  # no LayerDropModuleList draws
+    for layer in _layers(decoder):
         if (getattr(layer, "cross_self_attention", False) or layer.c_attn is not None
                 or layer.attn_ln is not None or layer.ffn_layernorm is not None
                 or layer.w_resid is not None or not _attn_supported(layer.self_attn)
@@ -286,7 +286,7 @@ def packed_features(plan, x, self_pad, cross, sent=None, select=None):
     pick = _pick(rows, self_pad, select)
     if pick is False:
         return None
-    return _packed_layers(plan, rows.pack(x), rows, self_pad, cross, sent, select, pick)
+    return _packed_layers(plan, rows.pack(x), rows, self_pad, cross, sent, pick)
 
 
 def _pick(rows, self_pad, select):
@@ -328,12 +328,13 @@ def token_features(decoder, tokens, cross, sent=None, select=None):
             if decoder.layernorm_embedding is not None:
                 h = decoder.layernorm_embedding(h)
             if h.dtype == torch.float32:
-                return _packed_layers(plan, h, rows, self_pad, cross, sent, select, pick)
+                return _packed_layers(plan, h, rows, self_pad, cross, sent, pick)
     return _features(decoder, embed_tokens(decoder, tokens), self_pad, cross, sent, select)
 
 
-def _packed_layers(plan, h, rows, self_pad, cross, sent, select, pick):
-    """The layers of :func:`packed_features` on the packed rows h (M, C) of ``rows``."""
+def _packed_layers(plan, h, rows, self_pad, cross, sent, pick):
+    """The layers of :func:`packed_features` on the packed rows h (M, C) of ``rows``; ``pick`` from
+    :func:`_pick` (None: every position's state, unpacked to (N, T, C))."""
     N, T, C = rows.N, rows.T, h.size(-1)
     keep = None if self_pad is None else rows.valid.view(N, 1, 1, T)
     one = bool((sent == sent[0]).all()) if sent is not None else N == 1
@@ -384,4 +385,4 @@ def _packed_layers(plan, h, rows, self_pad, cross, sent, select, pick):
         h = _apply_norm(plan.final_norm, h)
     if plan.out_proj is not None:
         h = cpu_linear.prepacked(h, *plan.out_proj)
-    return h if select is not None else rows.unpack(h)
+    return h if pick is not None else rows.unpack(h)
