@@ -473,3 +473,32 @@ def test_npd_rank_follows_the_paper_against_a_plain_teacher(model_task, toy_data
             picked[rank].append(cands[best])
     assert picked[None] == picked["total"]
     assert picked["total"] != picked["mean"], "the rankings differ for some sentence"
+
+
+def test_npd_positional_scores_of_the_returned_candidate_are_the_nats_log_probs(model_task):
+    """s > 1 keeps the candidates' logits and reads the log-probs of the returned candidate only: they
+    equal the NAT's own forward (log_softmax over the vocabulary at the output tokens).  (Several groups
+    compute every candidate's log-probs: test_npd_in_length_groups_equals_one_pass compares the two.)"""
+    from fairseq_nat_ext.generators import nat_fertility as fertility_gen
+
+    task, model, _ = model_task
+    teacher = FakeTeacher(len(task.target_dictionary) - 1)
+    gen = NPDGenerator([model], task.target_dictionary, npd_samples=6, teacher=teacher, retain_history=True)
+    for b in range(4):  # one sentence: one group, the logits kept
+        sample = _sample(task, n=8)
+        src = sample["net_input"]["src_tokens"][b:b + 1]
+        src_len = sample["net_input"]["src_lengths"][b:b + 1]
+        src = src[:, src.ne(task.target_dictionary.pad()).any(0)]
+        torch.manual_seed(b)
+        hyp = gen.generate([model], {"net_input": {"src_tokens": src, "src_lengths": src_len}})[0][0]
+        torch.manual_seed(b)
+        c = gen.candidates([model], src, src_len, 6)
+        assert "logits" in c and len(c["chunks"]) == 1
+        k = [h["tokens"].tolist() for h in hyp["history"]].index(hyp["tokens"].tolist())
+        with torch.no_grad():
+            e = model.encoder(src, src_lengths=src_len)
+            lp = model.decoder(e, fertility=c["fert"][0, k].unsqueeze(0), normalize=True)[0]
+        toks = hyp["tokens"][:-1]
+        ref = lp[torch.arange(toks.numel()), toks]
+        assert torch.allclose(hyp["positional_scores"][:-1], ref, atol=1e-5)
+        assert float(hyp["positional_scores"][-1]) == 0.0

@@ -99,3 +99,31 @@ def test_best_vocab_tokens_equal_log_softmax_argmax_without_forbidden_symbols(bi
         ref[[1, 3]] = float("-inf")
         assert int(tok[i]) == int(ref.argmax())
         assert abs(float(lp[i]) - float(ref.max())) < 1e-5
+
+
+@pytest.mark.parametrize("group", [4, 128])
+def test_first_max_is_torch_max_with_its_first_index(group):
+    """first_max against a plain loop over each row (the largest value, the first index holding it):
+    ties inside a group and across groups, the maximum in the tail group, -inf rows, a NaN row."""
+    from fairseq_nat_ext.modules.vocab_projection import first_max
+
+    torch.manual_seed(0)
+    V = 3 * 128 + 37  # a tail shorter than a group
+    x = torch.randn(9, V)
+    x[1, 5] = x[1, 6] = 9.0  # a tie inside one group
+    x[2, 7] = x[2, 300] = 9.0  # a tie across groups
+    x[3, V - 1] = 9.0  # the maximum in the tail
+    x[4, 200:] = 9.0  # a tie from the middle to the end
+    x[5] = float("-inf")
+    x[5, 250] = -1e30
+    x[6] = float("-inf")  # no finite value: index 0, as torch
+    x[7, [10, 11]] = float("inf")
+    values, index = first_max(x, group=group)
+    for r in range(9):
+        row = x[r].tolist()
+        best = max(row)
+        assert float(values[r]) == best and int(index[r]) == row.index(best)
+    y = torch.randn(3, V)
+    y[1, 17] = float("nan")
+    nan = first_max(y, group=group)  # a NaN: torch's max (NaN and its index)
+    assert torch.equal(nan[1], y.max(-1).indices) and bool(nan[0][1].isnan())

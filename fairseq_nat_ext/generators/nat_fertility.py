@@ -53,7 +53,8 @@ from ..compat import InputError, fairseq_mask_warning_silenced
 from ..modules import cpu_linear, encoder_inference, packed
 from ..models.nat.nat_fertility import source_fertility_mask
 from .base import NATGeneratorBase, eval_mode
-from .projection import best_tokens, shared_target_log_probs, target_log_probs, vocab_projection
+from .projection import (MAX_ELEMENTS, best_logits, best_tokens, row_log_probs, shared_target_log_probs,
+                         target_log_probs, vocab_projection)
 
 _TEACHERS = {}  # (checkpoint, data dir) -> teacher model, loaded once per process
 
@@ -287,7 +288,10 @@ class NPDGenerator(NATGeneratorBase):
         candidates (candidate-major per sentence); ``unique`` (U,) the candidate row that stands for
         each distinct (sentence, fertilities) pair and ``inverse`` (N,) its position in ``unique``.
         Decoding is a function of the fertilities (argmax tokens), so a fertility sequence drawn
-        twice for a sentence is decoded (and scored) once: with s = 100 most draws repeat."""
+        twice for a sentence is decoded (and scored) once: with s = 100 most draws repeat.
+        With s > 1, one model and one group, ``lprobs`` stays 0 and the dict holds the candidates'
+        ``logits`` (M, V) and ``start`` (U,) instead (:func:`best_logits`; the teacher, not these
+        log-probs, picks the candidate): :meth:`returned_log_probs` reads any candidate's."""
         B = src_tokens.size(0)
         enc = [m.encoder(src_tokens, src_lengths=src_lengths) for m in models]
         fert_lp = self._ensemble([m.decoder.forward_fertility(e, normalize=True) for m, e in zip(models, enc)])
@@ -311,6 +315,10 @@ class NPDGenerator(NATGeneratorBase):
         tokens = torch.full((U, T), self.pad, dtype=torch.long, device=flat.device)
         lprobs = torch.zeros((U, T), dtype=torch.float, device=flat.device)
         chunks = length_chunks(u_len)
+        # s > 1, one model, one pass: the teacher picks the candidate, so the NAT's log-probs are needed
+        # for the returned candidate's tokens only -- the others keep just their tokens (best_logits)
+        lazy = samples > 1 and len(models) == 1 and len(chunks) == 1
+        out = {}
         for idx in chunks:
             rows, feats, valid = unique[idx], [], None
             src_rows = order[rows]
@@ -324,13 +332,36 @@ class NPDGenerator(NATGeneratorBase):
                     feats.append(packed_features(cross, copied))
                 else:
                     feats.append(m.decoder(cross, copied=copied, features_only=True))
-            tok, lp = best_tokens(feats, [vocab_projection(m.decoder) for m in models], len(self.tgt_dict),
-                                  self.forbidden, keep=valid)
-            n = tok.size(1)
+            n = valid.size(1)
+            if lazy and int(valid.sum()) * len(self.tgt_dict) <= MAX_ELEMENTS:
+                tok, logits = best_logits(feats[0], vocab_projection(models[0].decoder), self.forbidden, keep=valid)
+                real = valid.sum(1)
+                start = torch.empty_like(u_len)
+                start[idx] = torch.cumsum(real, 0) - real  # each candidate's first row of ``logits``
+                out = {"logits": logits, "start": start}
+            else:
+                tok, lp = best_tokens(feats, [vocab_projection(m.decoder) for m in models], len(self.tgt_dict),
+                                      self.forbidden, keep=valid)
+                lprobs[idx, :n] = lp  # 0 off ``valid`` (not projected)
             tokens[idx, :n] = tok.masked_fill(~valid, self.pad)
-            lprobs[idx, :n] = lp  # 0 off ``valid`` (not projected)
-        return {"fert": fert, "tokens": tokens[inverse], "lprobs": lprobs[inverse], "lengths": u_len[inverse],
-                "order": order, "unique": unique, "inverse": inverse, "chunks": chunks}
+        out.update({"fert": fert, "tokens": tokens[inverse], "lprobs": lprobs[inverse], "lengths": u_len[inverse],
+                    "order": order, "unique": unique, "inverse": inverse, "chunks": chunks})
+        return out
+
+    @staticmethod
+    def returned_log_probs(c, rows):
+        """The NAT's log-probs (K, T) of the candidates ``rows`` (K,) (0 off their lengths): from
+        :meth:`candidates`' ``lprobs``, or read from its kept ``logits`` (:func:`best_logits`)."""
+        if "logits" not in c:
+            return c["lprobs"][rows]
+        lengths = c["lengths"][rows]
+        T = c["lprobs"].size(1)
+        keep = torch.arange(T, device=lengths.device).unsqueeze(0) < lengths.unsqueeze(1)  # (K, T)
+        first = c["start"][c["inverse"][rows]]
+        at = (first.unsqueeze(1) + torch.arange(T, device=lengths.device).unsqueeze(0))[keep]
+        out = c["lprobs"].new_zeros((rows.numel(), T))
+        out[keep] = row_log_probs(c["logits"], at, c["tokens"][rows][keep])
+        return out
 
     @torch.no_grad()
     @cpu_linear.decodes
@@ -361,12 +392,13 @@ class NPDGenerator(NATGeneratorBase):
             keep = torch.arange(c["lprobs"].size(1), device=lengths.device).unsqueeze(0) < lengths.unsqueeze(1)
             scores = reduce_log_probs(c["lprobs"], keep, self.rank)
         best = scores.view(B, s).argmax(1) + torch.arange(B, device=scores.device) * s
+        best_lp = self.returned_log_probs(c, best)
         finalized = []
         for b in range(B):
             row = int(best[b])
             n = int(lengths[row])
             hyp = {"tokens": self._with_eos(c["tokens"][row, :n]), "score": scores[row],
-                   "positional_scores": torch.cat([c["lprobs"][row, :n], c["lprobs"].new_zeros(1)]),
+                   "positional_scores": torch.cat([best_lp[b, :n], best_lp.new_zeros(1)]),
                    "alignment": None, "steps": 1, "npd_scores": scores[b * s:(b + 1) * s].clone()}
             if self.retain_history:
                 hyp["history"] = [{"tokens": self._with_eos(c["tokens"][r, : int(lengths[r])])}

@@ -9,7 +9,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..modules.vocab_projection import vocab_logits
+from ..modules.vocab_projection import first_max, vocab_logits
 
 #: logits per chunk (2^25 float32 = 128 MiB)
 MAX_ELEMENTS = 1 << 25
@@ -60,8 +60,35 @@ def best_tokens(features, output_layers, vocab_size, forbidden, max_elements=MAX
     for a, b in chunks(M, vocab_size, max_elements):
         lp = ensemble_log_probs(rows, output_layers, a, b)
         lp[..., forbidden] = float("-inf")
-        lp_best[a:b], tok[a:b] = lp.max(-1)
+        lp_best[a:b], tok[a:b] = first_max(lp)
     return _unflatten(tok, keep, N, T), _unflatten(lp_best, keep, N, T)
+
+
+def best_logits(features, output_layer, forbidden, keep=None):
+    """ONE model's features (N, T, C) (or its (M, C) rows at ``keep``) and vocabulary projection ->
+    (argmax token (N, T) of the logits, ``forbidden`` symbols never chosen (token 0 off ``keep``);
+    the (M, V) float32 logits of the kept positions, row-major, ``forbidden`` values intact).
+
+    For a caller that needs the log-probability of only a few rows' tokens (NPD: the returned candidate's):
+    :func:`best_tokens`' log_softmax over every row is skipped, the tokens' log-probs are read later from
+    their rows (:func:`row_log_probs`).  The argmax of the logits is that of the log-probs, which shift
+    each row by one constant -- unless the shift rounds two different top logits to the same float32
+    log-prob, where :func:`best_tokens` takes the lower symbol id and this the larger logit."""
+    N, T = keep.shape if keep is not None else features.shape[:2]
+    logits = output_layer(_positions(features, keep)).float()
+    forbidden = torch.as_tensor(forbidden, dtype=torch.long, device=logits.device)
+    saved = logits[:, forbidden]
+    logits[:, forbidden] = float("-inf")
+    _, tok = first_max(logits)
+    logits[:, forbidden] = saved
+    return _unflatten(tok, keep, N, T), logits
+
+
+def row_log_probs(logits, rows, tokens):
+    """logits (M, V), rows (K,) indices into them, tokens (K,) -> log p(token) (K,) under each row's
+    softmax, float32 (the value :func:`best_tokens` returns for that row's token)."""
+    lp = F.log_softmax(logits.index_select(0, rows), -1)
+    return lp.gather(1, tokens.unsqueeze(1)).squeeze(1)
 
 
 def target_log_probs(features, output_layer, target, vocab_size, max_elements=MAX_ELEMENTS, keep=None):
