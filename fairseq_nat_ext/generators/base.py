@@ -1,13 +1,14 @@
 """What every length-then-tokens NAT generator of the plugin sets up the same way."""
+from ..modules.module_walk import any_training
 
 
 def eval_mode(models):
     """Put ``models`` in eval mode, as a generator must before decoding; models already wholly in eval
     mode are left alone (fairseq-generate's and the harness's are: ``model.eval()`` walks and sets every
     submodule again, about 0.25 ms per call for Mask-Predict's 111 modules, once per batch-1 sentence;
-    the check walks them without setting anything)."""
+    the check walks them without setting anything, :func:`.module_walk.any_training`)."""
     for m in models:
-        if any(sub.training for sub in m.modules()):
+        if any_training(m):
             m.eval()
 
 

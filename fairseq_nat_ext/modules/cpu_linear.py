@@ -33,6 +33,8 @@ import weakref
 import torch
 import torch.nn.functional as F
 
+from .module_walk import any_grad
+
 #: id(weight tensor) -> (weak reference to it, key, packed weight, the weight's storage kept alive);
 #: an entry leaves with its tensor (tensors compare elementwise, so they cannot key a WeakKeyDictionary)
 _PACKED = {}
@@ -112,7 +114,7 @@ def decoding(models=()):
     scopes.  Caches nothing when a parameter of ``models`` holds a gradient (a model being trained:
     its optimizer updates weights through ``.data``, which no cache key sees)."""
     global _depth
-    if any(p.grad is not None for m in models for p in m.parameters()):
+    if any(any_grad(m) for m in models):
         yield
         return
     _depth += 1

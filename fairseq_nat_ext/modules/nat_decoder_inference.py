@@ -29,7 +29,7 @@ Weight caches (prepacked products, the stacked q/k/v) apply only inside the gene
 import torch
 import torch.nn.functional as F
 
-from . import cpu_linear, packed
+from . import cpu_linear, module_walk, packed
 from .attention.mix import stacked_qkv, stacked_qkv_weight
 
 
@@ -47,7 +47,7 @@ def _attn_supported(attn):
 def dropout_at_inference(module) -> bool:
     """True when a dropout module inside ``module`` acts in eval mode too (fairseq's ``--retain-dropout``:
     ``apply_during_inference``); the decoding forwards here (and :mod:`.encoder_inference`) apply none."""
-    return any(getattr(m, "apply_during_inference", False) and getattr(m, "p", 0) > 0 for m in module.modules())
+    return module_walk.dropout_at_inference(module)
 
 
 def supported(decoder):
