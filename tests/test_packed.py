@@ -235,3 +235,13 @@ def test_prefix_tree_numbers_nodes_as_the_position_loop_does(seed):
     assert node.tolist() == _prefix_tree_loop(prev, pad).tolist()
     K = int(node.max()) + 1 if bool(node.ge(0).any()) else 0
     assert ancestor.shape == (K, K)
+
+
+def test_whole_rows_pack_and_unpack_as_indexed_rows():
+    """Rows.whole (every position real) packs and unpacks by reshaping: the same tensors as the index route."""
+    x = torch.randn(2, 5, 3)
+    whole, indexed = packed.Rows.whole(2, 5), packed.Rows(torch.ones(2, 5, dtype=torch.bool))
+    assert whole.dense and not indexed.dense and torch.equal(whole.index, indexed.index)
+    assert torch.equal(whole.pack(x), indexed.pack(x))
+    rows = torch.randn(10, 4)
+    assert torch.equal(whole.unpack(rows), indexed.unpack(rows))

@@ -33,19 +33,29 @@ Tensor = torch.Tensor
 class Rows:
     """The real positions ``valid`` (N, T) bool (a prefix of each row) of a padded batch."""
 
-    def __init__(self, valid: Tensor):
+    def __init__(self, valid: Tensor, dense: bool = False):
         self.valid = valid
         self.N, self.T = valid.shape
+        self.dense = dense  # every position is real (``valid`` all True): packing is a reshape
         # the real positions' flat indices, found once: a layer packs and unpacks several times, and an
         # index_select / index_copy_ by them is several times cheaper than boolean-mask indexing
-        self.index = valid.reshape(-1).nonzero().squeeze(1)
+        self.index = (torch.arange(valid.numel(), device=valid.device) if dense
+                      else valid.reshape(-1).nonzero().squeeze(1))
+
+    @classmethod
+    def whole(cls, N: int, T: int, device=None) -> "Rows":
+        """N rows of T positions, all real."""
+        return cls(torch.ones(N, T, dtype=torch.bool, device=device), dense=True)
 
     def pack(self, x: Tensor) -> Tensor:
         """(N, T, ...) -> (M, ...): the rows at real positions, row-major."""
-        return x.reshape(self.N * self.T, *x.shape[2:]).index_select(0, self.index)
+        flat = x.reshape(self.N * self.T, *x.shape[2:])
+        return flat if self.dense else flat.index_select(0, self.index)
 
     def unpack(self, rows: Tensor) -> Tensor:
         """(M, F) -> (N, T, F), zeros at padding."""
+        if self.dense:
+            return rows.reshape(self.N, self.T, rows.size(-1))
         out = rows.new_zeros(self.N * self.T, rows.size(-1))
         return out.index_copy_(0, self.index, rows).view(self.N, self.T, rows.size(-1))
 
@@ -239,7 +249,7 @@ def tree_decoder_features(decoder, prev_output_tokens: Tensor, encoder_out):
     first.scatter_reduce_(0, flat[where], where, reduce="amax", include_self=True)  # one position per node
     x = embed(decoder, prev_output_tokens).flatten(0, 1)[first]  # (K, C)
     enc, enc_pad = encoder_states(encoder_out)
-    whole = Rows(torch.ones(1, x.size(0), dtype=torch.bool, device=x.device))  # the nodes as one sequence
+    whole = Rows.whole(1, x.size(0), device=x.device)  # the nodes as one sequence
     mask = ancestor.unsqueeze(0).unsqueeze(0)
     x = _layers(decoder, x, whole, enc, enc_pad, mask=mask)
     return x, node

@@ -33,8 +33,8 @@ def vocab_logits(decoder, feats: Tensor) -> Tensor:
     return y.t().reshape(*feats.shape[:-1], W.size(0))
 
 
-#: values per group of :func:`first_max`
-FIRST_MAX_GROUP = 128
+#: values per group of :func:`first_max`; rows below which it keeps torch's ``max``
+FIRST_MAX_GROUP, FIRST_MAX_ROWS = 128, 64
 
 
 def first_max(values: Tensor, group: int = FIRST_MAX_GROUP):
@@ -45,8 +45,11 @@ def first_max(values: Tensor, group: int = FIRST_MAX_GROUP):
     V = 9,817): 625 us for 150 rows, against 51 us for the maximum alone (``amax``).  Here: the maxima of
     consecutive groups of ``group`` values (``amax``), the first group holding the row's maximum, and the
     first position inside it that equals the maximum -- the same value and index (193 us for those 150
-    rows).  Rows holding a NaN, CUDA and other layouts: torch's ``max``."""
-    if values.dim() != 2 or values.device.type != "cpu" or values.size(1) < 2 * group:
+    rows).  Fewer than ``FIRST_MAX_ROWS`` rows (a Mask-Predict pass at batch 1: its ten more operations
+    cost what they save; measured in one process over 200 sentences, no gain), rows holding a NaN, CUDA
+    and other layouts: torch's ``max``."""
+    if (values.dim() != 2 or values.device.type != "cpu" or values.size(1) < 2 * group
+            or values.size(0) < FIRST_MAX_ROWS):
         return values.max(-1)
     M, V = values.shape
     whole = V // group * group
