@@ -74,7 +74,7 @@ class ImputerGenerator(CTCGenerator):
             encs.append(enc)
             ups.append(m.decoder.upsample(enc))
             # every step reads the same encoder states: their cross-attention keys and values once
-            crosses.append(fast.cross_kv(m.decoder, enc) if fast.supported(m.decoder) else None)
+            crosses.append(fast.cross_kv(m.decoder, enc, checked=True) if fast.supported(m.decoder) else None)
         lengths, L = ups[0][1], ups[0][0].size(1)
         N = lengths.numel()
         alignment = models[0].full_mask_input(lengths, L)

@@ -85,7 +85,7 @@ class RefinementGenerator(NATGeneratorBase):
         order = torch.arange(B, device=dev).repeat_interleave(k)
         # one model with supported layers: every pass and length candidate of a sentence reads its
         # cross-attention keys and values, computed once here
-        cross = fast.cross_kv(models[0].decoder, enc[0]) \
+        cross = fast.cross_kv(models[0].decoder, enc[0], checked=True) \
             if len(models) == 1 and fast.supported(models[0].decoder) else None
         enc = [m.encoder.reorder_encoder_out(e, order) for m, e in zip(models, enc)]
         N, T = lengths.numel(), int(lengths.max())

@@ -130,7 +130,7 @@ class MaskPredictGenerator(NATGeneratorBase):
         src = {"sent": torch.arange(B, device=src_tokens.device).repeat_interleave(k), "enc": enc_outs,
                "cross": None}
         if self.fast_decoder and all(fast.supported(m.decoder) for m in models):
-            src["cross"] = [fast.cross_kv(m.decoder, e) for m, e in zip(models, enc_outs)]
+            src["cross"] = [fast.cross_kv(m.decoder, e, checked=True) for m, e in zip(models, enc_outs)]
 
         N, L = lengths.numel(), int(lengths.max())
         pos = torch.arange(L, device=src_tokens.device).unsqueeze(0)

@@ -101,8 +101,10 @@ class CrossKV:
         return k, v, keep
 
 
-def cross_kv(decoder, encoder_out):
-    """encoder_out (fairseq's dict) -> :class:`CrossKV` of every layer of ``decoder``."""
+def cross_kv(decoder, encoder_out, checked=False):
+    """encoder_out (fairseq's dict) -> :class:`CrossKV` of every layer of ``decoder``; ``checked``: the
+    caller has just seen :func:`supported` hold for ``decoder`` (every caller checks it first; the plan
+    then skips that walk over the decoder's modules)."""
     enc = encoder_out["encoder_out"][0]  # (S, B, C)
     pads = encoder_out.get("encoder_padding_mask") or []
     keep = None
@@ -110,7 +112,7 @@ def cross_kv(decoder, encoder_out):
         keep = (~pads[0]).view(pads[0].size(0), 1, 1, pads[0].size(1))
     layers = _layers(decoder)
     return CrossKV([packed.encoder_kv(layer.encoder_attn, enc) for layer in layers], keep,
-                   Plan.build(decoder, enc))
+                   Plan.build(decoder, enc, checked))
 
 
 def _layers(decoder):
@@ -155,11 +157,11 @@ class Plan:
         return hit
 
     @staticmethod
-    def build(decoder, enc):
+    def build(decoder, enc, checked=False):
         """The plan of ``decoder`` for decoder inputs like ``enc`` (float32 on CPU inside a caching
         decoding scope, :func:`.cpu_linear.usable`), else None."""
         if (not cpu_linear.caching() or enc.device.type != "cpu" or enc.dtype != torch.float32
-                or not cpu_linear.fused_available() or not supported(decoder)):
+                or not cpu_linear.fused_available() or not (checked or supported(decoder))):
             return None
 
         def lin(m):

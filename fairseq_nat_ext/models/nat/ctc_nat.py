@@ -123,7 +123,7 @@ class CTCDecoder(FairseqNATDecoder):
             x = self.layernorm_embedding(x)
         self_pad = pad_mask if bool(pad_mask.any()) else None
         if not self.training and not torch.is_grad_enabled() and fast.supported(self):
-            cross = cross if cross is not None else fast.cross_kv(self, encoder_out)
+            cross = cross if cross is not None else fast.cross_kv(self, encoder_out, checked=True)
             return fast.decoder_features(self, x, self_pad, cross, select=select)
         x = self.dropout_module(x).transpose(0, 1)  # (L, B, C)
         enc = encoder_out["encoder_out"][0]

@@ -77,7 +77,7 @@ class RefinementDecoder(MaskPredictDecoder):
             x = self.layernorm_embedding(x)
         self_pad = pad if bool(pad.any()) else None
         if not self.training and not torch.is_grad_enabled() and fast.supported(self):
-            cross = cross if cross is not None else fast.cross_kv(self, encoder_out)
+            cross = cross if cross is not None else fast.cross_kv(self, encoder_out, checked=True)
             x = fast.decoder_features(self, x, self_pad, cross, sent, select=select)
         else:
             if cross is not None or sent is not None:
