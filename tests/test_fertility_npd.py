@@ -381,9 +381,15 @@ def test_one_source_groups_share_cross_attention_and_match_fairseqs_forwards(mod
     vocab_weights = {id(model.decoder.output_projection.weight), id(teacher.decoder.output_projection.weight)}
     prepacked, cpu_linear_fn = [], fertility_gen.packed.cpu_linear.linear
 
+    # ... and, in a decoding scope, each cross-attention's keys and values as one product (k and v stacked)
+    stacked_kv = [torch.cat([layer.encoder_attn.k_proj.weight, layer.encoder_attn.v_proj.weight])
+                  for d in (model.decoder, teacher.decoder) for layer in d.layers]
+
     def recorded_linear(x, weight, bias=None):
         if id(weight) in vocab_weights and fertility_gen.packed.cpu_linear.usable(x, weight):
             prepacked.append(id(weight))
+        if x.dim() == 3 and any(w.shape == weight.shape and torch.equal(w, weight) for w in stacked_kv):
+            key_batches.append(x.size(1))  # encoder states (S, batch, C)
         return cpu_linear_fn(x, weight, bias)
 
     monkeypatch.setattr(fertility_gen.packed.cpu_linear, "linear", recorded_linear)

@@ -245,3 +245,19 @@ def test_whole_rows_pack_and_unpack_as_indexed_rows():
     assert torch.equal(whole.pack(x), indexed.pack(x))
     rows = torch.randn(10, 4)
     assert torch.equal(whole.unpack(rows), indexed.unpack(rows))
+
+
+def test_encoder_kv_in_a_decoding_scope_is_the_two_projections(toy_databin):
+    """Inside a decoding scope the keys and values come from ONE product with k_proj and v_proj stacked:
+    the same (Bk, H, S, d) tensors as the two projections fairseq's MultiheadAttention runs."""
+    teacher = _teacher(toy_databin[0])
+    mha = teacher.decoder.layers[0].encoder_attn
+    enc = torch.randn(6, 3, 32)  # (S, Bk, C)
+    H, d = mha.num_heads, 32 // mha.num_heads
+    ref_k = mha.k_proj(enc).permute(1, 0, 2).reshape(3, 6, H, d).transpose(1, 2)
+    ref_v = mha.v_proj(enc).permute(1, 0, 2).reshape(3, 6, H, d).transpose(1, 2)
+    for decoding in (False, True):
+        with torch.no_grad(), _scope(decoding, teacher):
+            k, v = packed.encoder_kv(mha, enc)
+        torch.testing.assert_close(k, ref_k, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(v, ref_v, atol=1e-5, rtol=1e-5)

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from . import cpu_linear
-from .attention.mix import stacked_qkv
+from .attention.mix import KV, stacked_qkv, stacked_qkv_weight
 
 Tensor = torch.Tensor
 
@@ -107,9 +107,15 @@ def positional_attention(mha, positions: Tensor, x: Tensor, rows: Rows, key_ok: 
 
 
 def encoder_kv(mha, enc: Tensor):
-    """The keys and values (Bk, H, S, d) that ``mha`` reads from the encoder output ``enc`` (S, Bk, C)."""
+    """The keys and values (Bk, H, S, d) that ``mha`` reads from the encoder output ``enc`` (S, Bk, C).
+    Inside a caching decoding scope (:func:`.cpu_linear.caching`), as ONE product with the k and v
+    weights stacked (the source's few rows: a product costs about what reading its weight does)."""
     H = mha.num_heads
     S, Bk, _ = enc.shape
+    if cpu_linear.caching():
+        kv = cpu_linear.linear(enc, *stacked_qkv_weight(mha, KV))  # (S, Bk, 2C)
+        k, v = kv.permute(1, 0, 2).reshape(Bk, S, 2, H, -1).permute(2, 0, 3, 1, 4).unbind(0)
+        return k, v
     k = cpu_linear.module(mha.k_proj, enc).permute(1, 0, 2).reshape(Bk, S, H, -1).transpose(1, 2)
     v = cpu_linear.module(mha.v_proj, enc).permute(1, 0, 2).reshape(Bk, S, H, -1).transpose(1, 2)
     return k, v

@@ -22,18 +22,22 @@ from .. import cpu_linear
 from .registry import AttentionOptions, build_attention
 
 
-#: attention module -> (key, stacked q/k/v weight, stacked bias), inside decoding scopes only
+#: attention module -> {projection names: (key, stacked weight, stacked bias, kept storages)}, inside
+#: decoding scopes only
 _STACKED = weakref.WeakKeyDictionary()
 cpu_linear.register_clearer(_STACKED.clear)
 
+QKV, KV = ("q_proj", "k_proj", "v_proj"), ("k_proj", "v_proj")
 
-def stacked_qkv_weight(module):
+
+def stacked_qkv_weight(module, names=QKV):
     """``module``'s q_proj, k_proj and v_proj weights (and biases, or None) stacked into one (3C, C)
-    weight.  Concatenated on every call (the gradient reaches the three weights), except inside a
-    caching decoding scope (``cpu_linear.decoding``, the generators), where it is cached per module
-    and rebuilt when a parameter's storage, version or shape changed."""
-    lins = (module.q_proj, module.k_proj, module.v_proj)
-    has_bias = module.q_proj.bias is not None
+    weight (``names``: which projections, in that order, e.g. ``KV``).  Concatenated on every call (the
+    gradient reaches the weights), except inside a caching decoding scope (``cpu_linear.decoding``, the
+    generators), where it is cached per module and rebuilt when a parameter's storage, version or shape
+    changed."""
+    lins = tuple(getattr(module, name) for name in names)
+    has_bias = lins[0].bias is not None
 
     def stack():
         return (torch.cat([lin.weight for lin in lins]),
@@ -43,10 +47,13 @@ def stacked_qkv_weight(module):
         return stack()
     params = [lin.weight for lin in lins] + [lin.bias for lin in lins if lin.bias is not None]
     key = tuple((p.data_ptr(), p._version, tuple(p.shape), p.dtype) for p in params)
-    hit = _STACKED.get(module)
+    entries = _STACKED.get(module)
+    if entries is None:
+        entries = _STACKED[module] = {}
+    hit = entries.get(names)
     if hit is None or hit[0] != key:
         hit = (key, *stack(), [p.detach() for p in params])  # the old storages stay alive with the entry
-        _STACKED[module] = hit
+        entries[names] = hit
     return hit[1], hit[2]
 
 
