@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from . import cpu_linear
 from .attention.mix import KV, stacked_qkv, stacked_qkv_weight
+from .attention.partials import additive
 
 Tensor = torch.Tensor
 
@@ -97,12 +98,14 @@ def self_attention(mha, x: Tensor, rows: Rows, mask: Optional[Tensor] = None, ca
 
 def positional_attention(mha, positions: Tensor, x: Tensor, rows: Rows, key_ok: Tensor) -> Tensor:
     """Queries and keys from ``positions`` (T, C), the same for every row (projected once), values from the
-    packed rows x (M, C); ``key_ok`` (N, T) bool -> (M, C)."""
+    packed rows x (M, C); ``key_ok`` (N, T) bool, or that mask already additive, (N, 1, 1, T) float
+    (made once for several layers) -> (M, C)."""
     H = mha.num_heads
     q = _heads(cpu_linear.module(mha.q_proj, positions).unsqueeze(0), H).expand(rows.N, -1, -1, -1)
     k = _heads(cpu_linear.module(mha.k_proj, positions).unsqueeze(0), H).expand(rows.N, -1, -1, -1)
     v = _heads(rows.unpack(cpu_linear.module(mha.v_proj, x)), H)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=key_ok[:, None, None, :])
+    mask = key_ok[:, None, None, :] if key_ok.dtype == torch.bool else key_ok
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     return cpu_linear.module(mha.out_proj, _merge(out, rows))
 
 
@@ -256,7 +259,8 @@ def tree_decoder_features(decoder, prev_output_tokens: Tensor, encoder_out):
     x = embed(decoder, prev_output_tokens).flatten(0, 1)[first]  # (K, C)
     enc, enc_pad = encoder_states(encoder_out)
     whole = Rows.whole(1, x.size(0), device=x.device)  # the nodes as one sequence
-    mask = ancestor.unsqueeze(0).unsqueeze(0)
+    # additive, made once: torch's attention converts a bool mask on every call (one per layer)
+    mask = additive(ancestor, x.dtype).unsqueeze(0).unsqueeze(0)
     x = _layers(decoder, x, whole, enc, enc_pad, mask=mask)
     return x, node
 

@@ -237,11 +237,12 @@ class FertilityDecoder(FairseqNATDecoder):
         # (N, 1, T, T): forward's mask (padding keys -inf, the diagonal a finite -1e8)
         self_mask = (additive(key_ok, h.dtype)[:, None, :] + no_self_attention_mask(T, h.dtype, h.device)).unsqueeze(1)
         enc, enc_pad = packed.encoder_states(encoder_out)
+        key_mask = additive(key_ok, h.dtype)[:, None, None, :]  # once for every layer's positional attention
         for layer in self.layers:
             h = packed.block(layer, h, layer.self_attn_layer_norm,
                              lambda y: packed.self_attention(layer.self_attn, y, rows, mask=self_mask))
             h = packed.block(layer, h, layer.pos_attn_layer_norm,
-                             lambda y: packed.positional_attention(layer.pos_attn, full, y, rows, key_ok))
+                             lambda y: packed.positional_attention(layer.pos_attn, full, y, rows, key_mask))
             if layer.encoder_attn is not None:
                 h = packed.block(layer, h, layer.encoder_attn_layer_norm,
                                  lambda y: packed.cross_attention(layer.encoder_attn, y, rows, enc, enc_pad))
