@@ -22,7 +22,9 @@ Options (task config fields, read through ``configure``; fairseq-generate ``--np
   result).  Large batches (e.g. 128
   sentences x 100 samples) are decoded and scored in length-sorted groups of at most
   ``NPD_CHUNK_TOKENS`` candidate tokens, one pass each, so memory stays bounded; one sentence's
-  candidates are one group.  Only real (non-padding) positions are projected onto the vocabulary.
+  candidates are one group.  Only real (non-padding) positions are projected onto the vocabulary; with
+  one model and one group (batch 1) the candidates' tokens are the argmax of their logits and only the
+  returned candidate's log-probs are computed (``projection.best_logits``).
   The same maths on less work (modules/packed.py; each tested against the padded forwards): the NAT
   decoder and a fairseq Transformer teacher run their position-wise products on real positions only;
   a pass of one source's candidates (batch 1) reads that source's encoder output unexpanded (keys and
