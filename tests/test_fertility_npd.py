@@ -489,7 +489,7 @@ def test_npd_positional_scores_of_the_returned_candidate_are_the_nats_log_probs(
 
     task, model, _ = model_task
     teacher = FakeTeacher(len(task.target_dictionary) - 1)
-    gen = NPDGenerator([model], task.target_dictionary, npd_samples=6, teacher=teacher, retain_history=True)
+    gen = NPDGenerator([model], task.target_dictionary, npd_samples=6, teacher=teacher)
     for b in range(4):  # one sentence: one group, the logits kept
         sample = _sample(task, n=8)
         src = sample["net_input"]["src_tokens"][b:b + 1]
@@ -499,8 +499,8 @@ def test_npd_positional_scores_of_the_returned_candidate_are_the_nats_log_probs(
         hyp = gen.generate([model], {"net_input": {"src_tokens": src, "src_lengths": src_len}})[0][0]
         torch.manual_seed(b)
         c = gen.candidates([model], src, src_len, 6)
-        assert "logits" in c and len(c["chunks"]) == 1
-        k = [h["tokens"].tolist() for h in hyp["history"]].index(hyp["tokens"].tolist())
+        assert "logits" in c and c["lprobs"] is None and len(c["chunks"]) == 1
+        k = int(hyp["npd_scores"].argmax())  # the returned candidate (ties: the first, as generate)
         with torch.no_grad():
             e = model.encoder(src, src_lengths=src_len)
             lp = model.decoder(e, fertility=c["fert"][0, k].unsqueeze(0), normalize=True)[0]

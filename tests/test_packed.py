@@ -256,8 +256,30 @@ def test_encoder_kv_in_a_decoding_scope_is_the_two_projections(toy_databin):
     H, d = mha.num_heads, 32 // mha.num_heads
     ref_k = mha.k_proj(enc).permute(1, 0, 2).reshape(3, 6, H, d).transpose(1, 2)
     ref_v = mha.v_proj(enc).permute(1, 0, 2).reshape(3, 6, H, d).transpose(1, 2)
+    from fairseq_nat_ext.modules.attention import mix
+
     for decoding in (False, True):
         with torch.no_grad(), _scope(decoding, teacher):
+            assert cpu_linear.caching() == decoding
             k, v = packed.encoder_kv(mha, enc)
         torch.testing.assert_close(k, ref_k, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(v, ref_v, atol=1e-5, rtol=1e-5)
+        assert (mix.KV in mix._STACKED.get(mha, {})) == decoding  # the stacked product ran (and only then)
+
+
+def test_stacked_weights_are_cached_per_module_and_projections(toy_databin):
+    """In a decoding scope, q/k/v and k/v stacks of one module are two cache entries, each the
+    concatenation of its weights, and a stack follows an in-place update of one of its weights."""
+    from fairseq_nat_ext.modules.attention import mix
+
+    mha = _teacher(toy_databin[0]).decoder.layers[0].encoder_attn
+    with torch.no_grad(), cpu_linear.decoding():
+        qkv, _ = mix.stacked_qkv_weight(mha)
+        kv, kv_bias = mix.stacked_qkv_weight(mha, mix.KV)
+        assert mix.stacked_qkv_weight(mha)[0] is qkv and mix.stacked_qkv_weight(mha, mix.KV)[0] is kv
+        assert torch.equal(qkv, torch.cat([mha.q_proj.weight, mha.k_proj.weight, mha.v_proj.weight]))
+        assert torch.equal(kv, torch.cat([mha.k_proj.weight, mha.v_proj.weight]))
+        assert torch.equal(kv_bias, torch.cat([mha.k_proj.bias, mha.v_proj.bias]))
+        mha.v_proj.weight.add_(1.0)
+        kv2, _ = mix.stacked_qkv_weight(mha, mix.KV)
+        assert kv2 is not kv and torch.equal(kv2, torch.cat([mha.k_proj.weight, mha.v_proj.weight]))

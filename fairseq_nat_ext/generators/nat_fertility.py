@@ -23,8 +23,10 @@ Options (task config fields, read through ``configure``; fairseq-generate ``--np
   sentences x 100 samples) are decoded and scored in length-sorted groups of at most
   ``NPD_CHUNK_TOKENS`` candidate tokens, one pass each, so memory stays bounded; one sentence's
   candidates are one group.  Only real (non-padding) positions are projected onto the vocabulary; with
-  one model and one group (batch 1) the candidates' tokens are the argmax of their logits and only the
-  returned candidate's log-probs are computed (``projection.best_logits``).
+  one model and one group (batch 1, or a batch whose candidates fit one group) the candidates' tokens
+  are the argmax of their logits and only the returned candidate's log-probs are computed
+  (``projection.best_logits``; where two top logits of a position round to one float32 log-prob, the
+  larger logit wins there and the lower symbol id on the log-prob route of several groups).
   The same maths on less work (modules/packed.py; each tested against the padded forwards): the NAT
   decoder and a fairseq Transformer teacher run their position-wise products on real positions only;
   a pass of one source's candidates (batch 1) reads that source's encoder output unexpanded (keys and
@@ -291,9 +293,10 @@ class NPDGenerator(NATGeneratorBase):
         each distinct (sentence, fertilities) pair and ``inverse`` (N,) its position in ``unique``.
         Decoding is a function of the fertilities (argmax tokens), so a fertility sequence drawn
         twice for a sentence is decoded (and scored) once: with s = 100 most draws repeat.
-        With s > 1, one model and one group, ``lprobs`` stays 0 and the dict holds the candidates'
-        ``logits`` (M, V) and ``start`` (U,) instead (:func:`best_logits`; the teacher, not these
-        log-probs, picks the candidate): :meth:`returned_log_probs` reads any candidate's."""
+        With s > 1, one model and one group whose (real positions x vocabulary) logits fit in
+        ``projection.MAX_ELEMENTS`` (batch 1 always), ``lprobs`` is None and the dict holds the
+        candidates' ``logits`` (M, V) and ``start`` (U,) instead (:func:`best_logits`; the teacher, not
+        these log-probs, picks the candidate): :meth:`returned_log_probs` reads any candidate's."""
         B = src_tokens.size(0)
         enc = [m.encoder(src_tokens, src_lengths=src_lengths) for m in models]
         fert_lp = self._ensemble([m.decoder.forward_fertility(e, normalize=True) for m, e in zip(models, enc)])
@@ -346,7 +349,8 @@ class NPDGenerator(NATGeneratorBase):
                                       self.forbidden, keep=valid)
                 lprobs[idx, :n] = lp  # 0 off ``valid`` (not projected)
             tokens[idx, :n] = tok.masked_fill(~valid, self.pad)
-        out.update({"fert": fert, "tokens": tokens[inverse], "lprobs": lprobs[inverse], "lengths": u_len[inverse],
+        out.update({"fert": fert, "tokens": tokens[inverse], "lengths": u_len[inverse],
+                    "lprobs": None if "logits" in out else lprobs[inverse],
                     "order": order, "unique": unique, "inverse": inverse, "chunks": chunks})
         return out
 
@@ -357,11 +361,11 @@ class NPDGenerator(NATGeneratorBase):
         if "logits" not in c:
             return c["lprobs"][rows]
         lengths = c["lengths"][rows]
-        T = c["lprobs"].size(1)
+        T = c["tokens"].size(1)
         keep = torch.arange(T, device=lengths.device).unsqueeze(0) < lengths.unsqueeze(1)  # (K, T)
         first = c["start"][c["inverse"][rows]]
         at = (first.unsqueeze(1) + torch.arange(T, device=lengths.device).unsqueeze(0))[keep]
-        out = c["lprobs"].new_zeros((rows.numel(), T))
+        out = c["logits"].new_zeros((rows.numel(), T))
         out[keep] = row_log_probs(c["logits"], at, c["tokens"][rows][keep])
         return out
 
@@ -395,6 +399,7 @@ class NPDGenerator(NATGeneratorBase):
             scores = reduce_log_probs(c["lprobs"], keep, self.rank)
         best = scores.view(B, s).argmax(1) + torch.arange(B, device=scores.device) * s
         best_lp = self.returned_log_probs(c, best)
+        c.pop("logits", None)  # (M, V): not needed any more
         finalized = []
         for b in range(B):
             row = int(best[b])

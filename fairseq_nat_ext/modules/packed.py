@@ -34,19 +34,21 @@ Tensor = torch.Tensor
 class Rows:
     """The real positions ``valid`` (N, T) bool (a prefix of each row) of a padded batch."""
 
-    def __init__(self, valid: Tensor, dense: bool = False):
+    def __init__(self, valid: Tensor, _dense: bool = False):
         self.valid = valid
         self.N, self.T = valid.shape
-        self.dense = dense  # every position is real (``valid`` all True): packing is a reshape
+        # every position is real (only :meth:`whole` says so): packing is a reshape, and pack / unpack
+        # return views of their input
+        self.dense = _dense
         # the real positions' flat indices, found once: a layer packs and unpacks several times, and an
         # index_select / index_copy_ by them is several times cheaper than boolean-mask indexing
-        self.index = (torch.arange(valid.numel(), device=valid.device) if dense
+        self.index = (torch.arange(valid.numel(), device=valid.device) if _dense
                       else valid.reshape(-1).nonzero().squeeze(1))
 
     @classmethod
     def whole(cls, N: int, T: int, device=None) -> "Rows":
         """N rows of T positions, all real."""
-        return cls(torch.ones(N, T, dtype=torch.bool, device=device), dense=True)
+        return cls(torch.ones(N, T, dtype=torch.bool, device=device), _dense=True)
 
     def pack(self, x: Tensor) -> Tensor:
         """(N, T, ...) -> (M, ...): the rows at real positions, row-major."""
@@ -98,24 +100,24 @@ def self_attention(mha, x: Tensor, rows: Rows, mask: Optional[Tensor] = None, ca
 
 def positional_attention(mha, positions: Tensor, x: Tensor, rows: Rows, key_ok: Tensor) -> Tensor:
     """Queries and keys from ``positions`` (T, C), the same for every row (projected once), values from the
-    packed rows x (M, C); ``key_ok`` (N, T) bool, or that mask already additive, (N, 1, 1, T) float
-    (made once for several layers) -> (M, C)."""
+    packed rows x (M, C); ``key_ok`` (N, T) bool, or that mask already made 4-D, e.g. additive
+    (N, 1, 1, T) float (made once for several layers) -> (M, C)."""
     H = mha.num_heads
     q = _heads(cpu_linear.module(mha.q_proj, positions).unsqueeze(0), H).expand(rows.N, -1, -1, -1)
     k = _heads(cpu_linear.module(mha.k_proj, positions).unsqueeze(0), H).expand(rows.N, -1, -1, -1)
     v = _heads(rows.unpack(cpu_linear.module(mha.v_proj, x)), H)
-    mask = key_ok[:, None, None, :] if key_ok.dtype == torch.bool else key_ok
+    mask = key_ok[:, None, None, :] if key_ok.dim() == 2 else key_ok
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     return cpu_linear.module(mha.out_proj, _merge(out, rows))
 
 
 def encoder_kv(mha, enc: Tensor):
     """The keys and values (Bk, H, S, d) that ``mha`` reads from the encoder output ``enc`` (S, Bk, C).
-    Inside a caching decoding scope (:func:`.cpu_linear.caching`), as ONE product with the k and v
+    On CPU inside a caching decoding scope (:func:`.cpu_linear.caching`), as ONE product with the k and v
     weights stacked (the source's few rows: a product costs about what reading its weight does)."""
     H = mha.num_heads
     S, Bk, _ = enc.shape
-    if cpu_linear.caching():
+    if cpu_linear.caching() and enc.device.type == "cpu" and mha.k_proj.in_features == mha.v_proj.in_features:
         kv = cpu_linear.linear(enc, *stacked_qkv_weight(mha, KV))  # (S, Bk, 2C)
         k, v = kv.permute(1, 0, 2).reshape(Bk, S, 2, H, -1).permute(2, 0, 3, 1, 4).unbind(0)
         return k, v

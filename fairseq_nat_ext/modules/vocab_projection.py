@@ -46,10 +46,11 @@ def first_max(values: Tensor, group: int = FIRST_MAX_GROUP):
     consecutive groups of ``group`` values (``amax``), the first group holding the row's maximum, and the
     first position inside it that equals the maximum -- the same value and index (193 us for those 150
     rows).  Fewer than ``FIRST_MAX_ROWS`` rows (a Mask-Predict pass at batch 1: its ten more operations
-    cost what they save; measured in one process over 200 sentences, no gain), rows holding a NaN, CUDA
-    and other layouts: torch's ``max``."""
+    cost what they save; measured in one process over 200 sentences, no gain), fewer than ``2 * group``
+    columns, rows holding a NaN, values that need a gradient (``amax`` spreads it over tied maxima),
+    CUDA and other layouts: torch's ``max``."""
     if (values.dim() != 2 or values.device.type != "cpu" or values.size(1) < 2 * group
-            or values.size(0) < FIRST_MAX_ROWS):
+            or values.size(0) < FIRST_MAX_ROWS or values.requires_grad):
         return values.max(-1)
     M, V = values.shape
     whole = V // group * group
