@@ -33,10 +33,9 @@ QKV, KV = ("q_proj", "k_proj", "v_proj"), ("k_proj", "v_proj")
 def stacked_qkv_weight(module, names=QKV):
     """``module``'s q_proj, k_proj and v_proj weights (and biases, or None) stacked into one (3C, C)
     weight (``names``: which projections, in that order, e.g. ``KV``: (2C, C); they must read inputs of
-    one width).  Concatenated on every call (the
-    gradient reaches the weights), except inside a caching decoding scope (``cpu_linear.decoding``, the
-    generators), where it is cached per module and rebuilt when a parameter's storage, version or shape
-    changed."""
+    one width).  Concatenated on every call (the gradient reaches the weights), except inside a caching
+    decoding scope (``cpu_linear.decoding``, the generators), where it is cached per module and names
+    and rebuilt when a parameter's storage, version or shape changed."""
     lins = tuple(getattr(module, name) for name in names)
     has_bias = lins[0].bias is not None
 
