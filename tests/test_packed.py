@@ -56,6 +56,23 @@ def test_decoder_features_equal_fairseqs_forward_at_the_real_positions(toy_datab
         torch.testing.assert_close(packed.decoder_features(teacher.decoder, prev, one), ref, atol=1e-5, rtol=1e-5)
 
 
+def test_a_source_without_padding_is_read_without_a_mask(toy_databin):
+    """encoder_states drops an all-false padding mask (batch 1: torch's attention is faster without one)
+    and keeps a real one; the packed decoder over an unpadded shared source equals fairseq's forward."""
+    teacher = _teacher(toy_databin[0])
+    pad = teacher.decoder.padding_idx
+    src = torch.tensor([[5, 6, 7, 2], [pad, 8, 9, 2]])
+    prev = _ragged_prev(pad, [5, 1, 3, 4], seed=1)
+    with torch.no_grad(), cpu_linear.decoding([teacher]):
+        enc = teacher.encoder(src, src_lengths=torch.tensor([4, 3]))
+        unpadded, padded = (teacher.encoder.reorder_encoder_out(enc, torch.tensor([i])) for i in (0, 1))
+        assert not unpadded["encoder_padding_mask"][0].any() and packed.encoder_states(unpadded)[1] is None
+        assert torch.equal(packed.encoder_states(padded)[1], torch.tensor([[True, False, False, False]]))
+        expanded = teacher.encoder.reorder_encoder_out(enc, torch.zeros(4, dtype=torch.long))
+        ref = teacher.decoder(prev, encoder_out=expanded, features_only=True)[0][prev.ne(pad)]
+        torch.testing.assert_close(packed.decoder_features(teacher.decoder, prev, unpadded), ref, atol=1e-5, rtol=1e-5)
+
+
 def test_unsupported_decoders_are_refused(toy_databin):
     teacher = _teacher(toy_databin[0])
     teacher.decoder.train()

@@ -11,7 +11,8 @@ the M query rows attend to its S keys directly.
 Training too (the Levenshtein Transformer's passes, :func:`nat_decoder_features`): y0 keeps a uniform share
 of its target's tokens, so about half of a batch's deletion / placeholder positions are padding.  The
 layers' own dropout modules act where fairseq's layer applies them (embedding, attention probabilities,
-each residual branch, the feed-forward activation), so in eval mode nothing changes; and a training step's
+each residual branch, the feed-forward activation), so in eval mode nothing changes (a residual branch's
+dropout module is not even called where it would return its input); and a training step's
 passes over one batch may share the encoder keys / values of every cross-attention (:func:`cross_kv`:
 projected once, their gradient summed over the passes by autograd).
 
@@ -175,9 +176,12 @@ def block(layer, x: Tensor, norm, fn) -> Tensor:
     """fairseq's residual block: pre- or post-norm by ``layer.normalize_before``, the branch through the
     layer's dropout (identity in eval mode).  (The residual is not fused into the branch's last product as
     on nat_decoder_inference's packed route: measured here, NPD decoded 1-3 % slower with it.)"""
+    drop = layer.dropout_module
     if layer.normalize_before:
-        return x + layer.dropout_module(fn(norm(x)))
-    return norm(x + layer.dropout_module(fn(x)))
+        y = fn(norm(x))
+        return x + (drop(y) if _drops(drop) else y)
+    y = fn(x)
+    return norm(x + (drop(y) if _drops(drop) else y))
 
 
 def feed_forward(layer, x: Tensor) -> Tensor:
@@ -268,9 +272,13 @@ def tree_decoder_features(decoder, prev_output_tokens: Tensor, encoder_out):
 
 
 def encoder_states(encoder_out):
-    """fairseq's encoder output dict -> (states (S, B, C) or None, padding mask (B, S) or None)."""
+    """fairseq's encoder output dict -> (states (S, B, C) or None, padding mask (B, S) or None; None too
+    when no source position is padding, e.g. batch 1: attention then runs without a mask, the same
+    values as with an all-true one, and torch's attention is faster without)."""
     enc = encoder_out["encoder_out"][0] if encoder_out is not None and encoder_out["encoder_out"] else None
     enc_pad = encoder_out["encoder_padding_mask"][0] if enc is not None and encoder_out["encoder_padding_mask"] else None
+    if enc_pad is not None and not bool(enc_pad.any()):
+        enc_pad = None
     return enc, enc_pad
 
 
