@@ -19,7 +19,7 @@ never take it.
 """
 import torch
 
-from . import cpu_linear
+from . import cpu_linear, module_walk
 from . import nat_decoder_inference as fast
 
 
@@ -47,7 +47,7 @@ def supported(encoder) -> bool:
     layers = getattr(encoder, "layers", None)
     if layers is None or len(layers) == 0:
         return False
-    if fast.dropout_at_inference(encoder):
+    if module_walk.dropout_at_inference(encoder):
         return False  # --retain-dropout: fairseq applies dropout at inference, this forward does not
     # nn.ModuleList's own iterator: fairseq's LayerDropModuleList draws a random number per layer on
     # every iteration (even in eval mode), and fairseq's forward iterates once; so does encode()

@@ -44,19 +44,13 @@ def _attn_supported(attn):
             and abs(attn.scaling - attn.head_dim ** -0.5) < 1e-12)
 
 
-def dropout_at_inference(module) -> bool:
-    """True when a dropout module inside ``module`` acts in eval mode too (fairseq's ``--retain-dropout``:
-    ``apply_during_inference``); the decoding forwards here (and :mod:`.encoder_inference`) apply none."""
-    return module_walk.dropout_at_inference(module)
-
-
 def supported(decoder):
     """True when :func:`decoder_features` computes exactly what ``decoder``'s own layer loop does (in
     eval mode: no dropout kept at inference)."""
     layers = getattr(decoder, "layers", None)
     if layers is None or len(layers) == 0 or getattr(decoder, "cross_self_attention", False):
         return False
-    if dropout_at_inference(decoder):
+    if module_walk.dropout_at_inference(decoder):
         return False  # --retain-dropout: fairseq's layers drop at inference, this forward does not
     if getattr(decoder, "quant_noise", None) is not None:
         return False  # fairseq applies the decoder's quant-noise projection to its input, even in eval mode
