@@ -273,11 +273,12 @@ def tree_decoder_features(decoder, prev_output_tokens: Tensor, encoder_out):
 
 def encoder_states(encoder_out):
     """fairseq's encoder output dict -> (states (S, B, C) or None, padding mask (B, S) or None; None too
-    when no source position is padding, e.g. batch 1: attention then runs without a mask, the same
-    values as with an all-true one, and torch's attention is faster without)."""
+    on CPU when no source position is padding, e.g. batch 1: attention then runs without a mask, the
+    same values as with an all-true one, and torch's CPU attention is faster without; on CUDA the mask
+    is kept, so that no call waits for the device to answer whether it is empty)."""
     enc = encoder_out["encoder_out"][0] if encoder_out is not None and encoder_out["encoder_out"] else None
     enc_pad = encoder_out["encoder_padding_mask"][0] if enc is not None and encoder_out["encoder_padding_mask"] else None
-    if enc_pad is not None and not bool(enc_pad.any()):
+    if enc_pad is not None and enc_pad.device.type == "cpu" and not bool(enc_pad.any()):
         enc_pad = None
     return enc, enc_pad
 
