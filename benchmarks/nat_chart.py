@@ -24,7 +24,7 @@ from fairseq_nat_ext.evaluation.results import REFERENCE_SYSTEM, load_results
 from . import REPO
 
 RESULTS = os.path.join(REPO, "benchmarks", "results")
-DEFAULT_BENCHMARKS = ("mask_predict", "ctc_imputer", "edit_based", "edit_based_levt", "npd_speed_prepacked",
+DEFAULT_BENCHMARKS = ("mask_predict", "ctc_imputer", "edit_based", "edit_based_levt", "npd_s33",
                       "fertility_refinement")
 DEFAULT_OUT = os.path.join(RESULTS, "nat_overview.png")
 TEACHER = ("fairseq:transformer", "beam=5")
@@ -97,9 +97,11 @@ _OFFSETS = [(5, 3), (5, -9), (-5, 3), (-5, -9), (5, 10), (-5, 10), (5, -16), (-5
 
 
 def _place_labels(fig, ax, points):
-    """Annotate every point with its label at the first offset where the label's box overlaps no label
-    placed before and no marker (boxes in display pixels; the axes limits and scale are final)."""
+    """Annotate every point with its label at the first offset where the label's box lies inside the axes
+    and overlaps no label placed before and no marker (boxes in display pixels; the axes limits and
+    scale are final)."""
     renderer = fig.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
     marks = []
     for p in points:
         x, y = ax.transData.transform((p["speedup"], p["bleu"]))
@@ -111,7 +113,8 @@ def _place_labels(fig, ax, points):
             ann = ax.annotate(p["label"], (p["speedup"], p["bleu"]), textcoords="offset points", xytext=(dx, dy),
                               fontsize=6.5, color=colour, zorder=4, ha="left" if dx > 0 else "right")
             box = ann.get_window_extent(renderer)
-            if not any(box.overlaps(b) for b in placed + marks):
+            inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+            if inside and not any(box.overlaps(b) for b in placed + marks):
                 break
             if (dx, dy) != _OFFSETS[-1]:
                 ann.remove()
