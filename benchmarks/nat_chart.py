@@ -24,7 +24,7 @@ from fairseq_nat_ext.evaluation.results import REFERENCE_SYSTEM, load_results
 from . import REPO
 
 RESULTS = os.path.join(REPO, "benchmarks", "results")
-DEFAULT_BENCHMARKS = ("mask_predict", "ctc_imputer", "edit_based", "edit_based_levt", "npd_s33",
+DEFAULT_BENCHMARKS = ("mask_predict", "ctc_imputer", "edit_based_insertion_like", "edit_based_levt", "npd_s33",
                       "fertility_refinement")
 DEFAULT_OUT = os.path.join(RESULTS, "nat_overview.png")
 TEACHER = ("fairseq:transformer", "beam=5")

@@ -1,7 +1,7 @@
 """Per-pass profile of Mask-Predict decoding: where the time of one decoder pass goes.
 
     python -m benchmarks.nat_profile --data-bin DATA_BIN --path CKPT [--decoding iter=10,len_beam=3]
-        [--sentences 200] [--batch 128] [--threads 2] --out benchmarks/results/profiles/mask_predict.json
+        [--sentences 200] [--batch 128] [--threads 2] --out benchmarks/results/studies/decoding_speed/profiles/mask_predict.json
 
 Decodes the first ``--sentences`` test sentences one at a time (batch 1) and then the whole split in
 batches of ``--batch`` sentences (fairseq's length-sorted batching), twice each: with the generator's

@@ -2,16 +2,26 @@
 
     python -m benchmarks.tables benchmarks/results/*.json
     python -m benchmarks.tables benchmarks/results/*.json --update-docs docs/benchmarks.md
+    python -m benchmarks.tables benchmarks/results/studies/decoding_speed/*.json \
+        --update-docs docs/studies/decoding_speed.md
+    python -m benchmarks.tables --update-all
 
 The first prints one table per benchmark (sorted by benchmark name).  The second replaces the text
 between the lines ``<!-- results:begin -->`` and ``<!-- results:end -->`` of that page with those
 tables; when the markers are missing (or out of order) it changes nothing and prints a one-line error.
+The current tables live at the top level of ``benchmarks/results/`` and are shown in
+``docs/benchmarks.md``; a study's own tables (before/after pairs, superseded runs) live in
+``benchmarks/results/studies/<study>/`` and are shown in ``docs/studies/<study>.md`` (the third form).
+``--update-all`` regenerates every such page (:func:`pages` lists them; the attention and pointer
+tables are shown on their own pages, :data:`OTHER_PAGES`); on ``docs/benchmarks.md`` the BLEU tables
+are compact (:func:`compact_table`: the command and the hypotheses are linked, not repeated).
 There, the links to the committed hypothesis files (paths from the repository root in the JSON) are
 written relative to the page's folder (``../benchmarks/results/...`` from ``docs/``).
 Every file is validated first (:mod:`fairseq_nat_ext.evaluation.results`; the pointer, oracle and
 attention studies' files by their own checks, :mod:`.pointer_results`, :mod:`.attention_results`).
 """
 import argparse
+import glob
 import json
 import os
 import sys
@@ -20,6 +30,9 @@ from fairseq_nat_ext.evaluation.results import REFERENCE_SYSTEM, check_timing_re
 
 from . import REPO, attention_results, pointer_results
 
+RESULTS = os.path.join(REPO, "benchmarks", "results")
+STUDIES = os.path.join(RESULTS, "studies")
+DOCS = os.path.join(REPO, "docs")
 BEGIN_MARKER = "<!-- results:begin -->"
 END_MARKER = "<!-- results:end -->"
 
@@ -77,6 +90,48 @@ def _cells(row, link_dir=None, language=False):
     ]
 
 
+def _json_link(results, path, link_dir):
+    """`` [`NAME.json`](link) `` of a results file (relative to ``link_dir``, see :func:`hyp_link`)."""
+    rel = os.path.relpath(os.path.abspath(path), REPO).replace(os.sep, "/")
+    return f"[`{os.path.basename(rel)}`]({hyp_link(rel, link_dir)})"
+
+
+#: shorter column names of :func:`compact_table`
+COMPACT_NAMES = {"latency b1 (ms/sent)": "ms/sent b1", "speed b128 (sent/s)": "sent/s b128",
+                 "iterations": "iter.", "repeat rate (%)": "repeat %", "train updates": "updates",
+                 "train time (h)": "train h", "wrong language (%)": "wrong lang. %",
+                 "mixed language (%)": "mixed lang. %"}
+
+
+def compact_table(results, link_dir=None, path=None):
+    """:func:`markdown_table` without the command line, the sacreBLEU signature (the protocol's) and the
+    hypothesis links: the JSON file (``path``), which holds the command, and the hypotheses' folder are
+    linked once instead, and the training targets (one kind per table) named once.  For the page of current tables (``docs/benchmarks.md``)."""
+    language = _has_language_rates(results["rows"])
+    columns = [COMPACT_NAMES.get(c, c) for c in _columns(results["rows"]) if c not in ("output", "distilled")]
+    nat = [r for r in results["rows"] if r["system"] not in (REFERENCE_SYSTEM, "fairseq:transformer")]
+    targets = {r["distilled"] for r in nat}
+    trained = {frozenset([True]): "distilled", frozenset([False]): "raw"}.get(frozenset(targets), "mixed")
+    hyps = sorted({os.path.dirname(r["hyp"]) for r in results["rows"]
+                   if r["system"] != REFERENCE_SYSTEM and not os.path.isabs(r["hyp"])})
+    where = _json_link(results, path, link_dir) if path else f"`{results['benchmark']}.json`"
+    folders = ", ".join(f"[{os.path.basename(h)}/]({hyp_link(h, link_dir)})" for h in hyps)
+    lines = [
+        f"### {results['benchmark']}",
+        "",
+        f"{where} (its commands) · hypotheses {folders or DASH} · {results['hardware']}, "
+        f"{results['threads']} threads · data: {results['data']}"
+        + (f" · models other than the teacher trained on {trained} targets" if nat else ""),
+        "",
+        "| " + " | ".join(columns) + " |",
+        "| " + " | ".join(["---"] * 2 + ["---:"] * (len(columns) - 2)) + " |",
+    ]
+    for row in results["rows"]:
+        cells = _cells(row, link_dir, language)[:-1]
+        lines.append("| " + " | ".join(cells[:2] + cells[3:]) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def markdown_table(results, link_dir=None):
     """One benchmark as a Markdown section: heading, provenance lines, table (hypothesis links relative
     to ``link_dir`` when given, see :func:`hyp_link`).  The wrong- and mixed-language columns appear
@@ -122,27 +177,38 @@ def oracle_table(results):
 def _load_any(path):
     """(results, table function): the BLEU schema, or the pointer / oracle / attention speed benchmarks'
     own schemas."""
+    return _load_with_path(path)[:2]
+
+
+def _load_with_path(path):
     with open(path, encoding="utf-8") as f:
         obj = json.load(f)
     if obj.get("benchmark") == "oracle":
-        return check_oracle_results(obj, str(path)), oracle_table
+        return check_oracle_results(obj, str(path)), oracle_table, path
     if attention_results.is_attention_listops(obj):
-        return attention_results.check_listops_results(obj, str(path)), attention_results.listops_table
+        return attention_results.check_listops_results(obj, str(path)), attention_results.listops_table, path
     if attention_results.is_attention_speed(obj):
-        return attention_results.check_results(obj, str(path)), attention_results.markdown_table
+        return attention_results.check_results(obj, str(path)), attention_results.markdown_table, path
     if pointer_results.is_pointer_results(obj):
-        return pointer_results.check_results(obj, str(path)), pointer_results.markdown_table
-    return load_results(path), markdown_table
+        return pointer_results.check_results(obj, str(path)), pointer_results.markdown_table, path
+    return load_results(path), markdown_table, path
 
 
-def markdown_tables(paths, link_dir=None):
-    """Every results file's section, sorted by benchmark name; ``link_dir``: see :func:`markdown_table`."""
-    all_results = sorted((_load_any(p) for p in paths), key=lambda r: r[0]["benchmark"])
-    names = [r["benchmark"] for r, _ in all_results]
+def markdown_tables(paths, link_dir=None, compact=False):
+    """Every results file's section, sorted by benchmark name; ``link_dir``: see :func:`markdown_table`;
+    ``compact``: BLEU tables as :func:`compact_table`."""
+    all_results = sorted((_load_with_path(p) for p in paths), key=lambda r: r[0]["benchmark"])
+    names = [r["benchmark"] for r, _, _ in all_results]
     dup = {n for n in names if names.count(n) > 1}
     if dup:
         raise ValueError(f"benchmark(s) {sorted(dup)} appear in more than one results file")
-    return "\n".join(table(r, link_dir) if table is markdown_table else table(r) for r, table in all_results)
+
+    def section(results, table, path):
+        if table is not markdown_table:
+            return table(results)
+        return compact_table(results, link_dir, path) if compact else markdown_table(results, link_dir)
+
+    return "\n".join(section(*r) for r in all_results)
 
 
 def replace_between_markers(text, content):
@@ -176,14 +242,81 @@ def update_docs(page, content):
     return new != text
 
 
+def docs_page(results_dir):
+    """The page that shows the tables of the folder ``results_dir``: ``docs/benchmarks.md`` for
+    ``benchmarks/results/`` itself, ``docs/studies/<study>.md`` for ``benchmarks/results/studies/<study>/``."""
+    folder = os.path.abspath(results_dir)
+    if os.path.dirname(folder) == STUDIES:
+        return os.path.join(DOCS, "studies", os.path.basename(folder) + ".md")
+    if folder == RESULTS:
+        return os.path.join(DOCS, "benchmarks.md")
+    raise ValueError(f"{results_dir}: neither benchmarks/results/ nor one of its studies/<study>/ folders")
+
+
+#: current tables shown on their subject's page instead of docs/benchmarks.md: (file-name prefix, page)
+OTHER_PAGES = (("attention_", os.path.join(DOCS, "studies", "attention_speed_listops.md")),
+               ("multilingual", os.path.join(DOCS, "studies", "multilingual_kermit.md")),
+               ("pointer", os.path.join(DOCS, "pointer.md")))
+
+
+def page_of(path):
+    """The page that shows the results file ``path`` (a current table or a study's)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if folder == RESULTS:
+        for prefix, page in OTHER_PAGES:
+            if os.path.basename(path).startswith(prefix):
+                return page
+    return docs_page(folder)
+
+
+def pages():
+    """[(page, results files, compact)] of every generated page: the current tables (top level of
+    ``benchmarks/results/``: ``docs/benchmarks.md``, compact, but for :data:`OTHER_PAGES`) and each
+    study folder with at least one results file (its study page)."""
+    files = sorted(glob.glob(os.path.join(RESULTS, "*.json")) + glob.glob(os.path.join(STUDIES, "*", "*.json")))
+    by_page = {}
+    for path in files:
+        by_page.setdefault(page_of(path), []).append(path)
+    main_page = docs_page(RESULTS)
+    return [(page, by_page[page], page == main_page) for page in sorted(by_page)]
+
+
+def update_all():
+    """Regenerate the results section of every page of :func:`pages`; 0, or 1 after a one-line error."""
+    status = 0
+    for page, files, compact in pages():
+        rel = os.path.relpath(page, REPO)
+        if not os.path.isfile(page):
+            print(f"error: {rel}: no such file", file=sys.stderr)
+            status = 1
+            continue
+        try:
+            changed = update_docs(page, markdown_tables(files, link_dir=os.path.dirname(page), compact=compact))
+        except (OSError, ValueError) as err:
+            print(f"error: {rel}: {err}; nothing changed", file=sys.stderr)
+            status = 1
+            continue
+        print(f"{rel}: results section {'updated' if changed else 'unchanged'}")
+    return status
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m benchmarks.tables",
                                 description="Markdown tables from benchmark results JSON files")
-    p.add_argument("results", nargs="+", help="results JSON files")
+    p.add_argument("results", nargs="*", help="results JSON files")
     p.add_argument("--update-docs", metavar="PAGE",
                    help=f"replace the text between {BEGIN_MARKER} and {END_MARKER} of this Markdown page "
                    "(docs/benchmarks.md)")
+    p.add_argument("--update-all", action="store_true",
+                   help="regenerate docs/benchmarks.md from the top-level results files and every "
+                   "docs/studies/<study>.md from benchmarks/results/studies/<study>/")
     args = p.parse_args(argv)
+    if args.update_all:
+        if args.results or args.update_docs:
+            p.error("--update-all takes no results files and no --update-docs")
+        return update_all()
+    if not args.results:
+        p.error("no results files (or --update-all)")
     page = args.update_docs
     if page and not os.path.isfile(page):
         print(f"error: {page}: no such file", file=sys.stderr)

@@ -2,7 +2,8 @@
 
 The harness scores hypotheses against the raw human reference named in the table's ``data`` line
 (``../shared/data/multi30k/test_2016_flickr.<tgt>.gz``, the target language from the row's ``dir=``
-key, German otherwise).  Here every row is scored again from the ``.txt`` file it names, with
+key, German otherwise).  Here every row of every table (the current ones at the top level of
+``benchmarks/results/``, the studies' under ``benchmarks/results/studies/<study>/``) is scored again from the ``.txt`` file it names, with
 sacreBLEU's defaults and nothing of the harness, so an edited number or a replaced hypothesis file
 shows up.  Tables of other data (the quick-start's synthetic corpus, pointer and attention tables)
 are not covered.
@@ -19,12 +20,14 @@ import sacrebleu
 from conftest import ROOT
 
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
+#: every results table: the current ones (top level) and the studies' own
+ALL_JSON = sorted(glob.glob(os.path.join(RESULTS, "*.json")) + glob.glob(os.path.join(RESULTS, "studies", "*", "*.json")))
 MULTI30K_REF = "../shared/data/multi30k/test_2016_flickr."
 
 
 def _multi30k_tables():
     out = []
-    for path in sorted(glob.glob(os.path.join(RESULTS, "*.json"))):
+    for path in ALL_JSON:
         with open(path) as f:
             table = json.load(f)
         if isinstance(table, dict) and MULTI30K_REF in table.get("data", ""):
@@ -43,7 +46,7 @@ def test_every_bleu_table_is_covered():
     """A table with BLEU rows is either a Multi30K table checked below or named in OTHER_DATA."""
     names = {os.path.basename(p) for p in TABLES}
     assert {"mask_predict.json", "edit_based.json", "multilingual.json", "fertility_trainvalid.json"} <= names
-    for path in glob.glob(os.path.join(RESULTS, "*.json")):
+    for path in ALL_JSON:
         with open(path) as f:
             table = json.load(f)
         if isinstance(table, dict) and "sacrebleu_signature" in table:
@@ -75,7 +78,7 @@ def test_every_rows_bleu_recomputes_from_its_hypotheses(path, shared_data):
     assert checked > 0
 
 
-#: tables whose rows may differ in training budget, and why (their status entries in docs/benchmarks.md say so)
+#: tables whose rows may differ in training budget, and why (docs/studies/decoding_speed.md says so)
 MIXED_BUDGETS = {
     "nat_speed.json": "decoding-speed table: each row compares with the same checkpoint in nat_speed_before",
     "nat_speed_before.json": "decoding-speed table: the same checkpoints as nat_speed, decoded by older code",

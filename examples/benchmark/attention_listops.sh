@@ -7,7 +7,7 @@
 # Settings (environment): MIN_LEN=128 MAX_LEN=512 TRAIN=20000 VALID=1000 TEST=1000 SEED=1
 #   MAX_UPDATE=1500 BATCH=32 THREADS=2 WORK=runs/listops OUT=benchmarks/results/attention_listops.json
 #   VARIANTS="full local ..." (default: all)  SPEED=benchmarks/results/attention_speed.json (bubble chart)
-# Then draws ${OUT%.json}.png (accuracy vs speed, bubble area = memory) and regenerates the tables of docs/benchmarks.md.
+# Then draws ${OUT%.json}.png (accuracy vs speed, bubble area = memory) and regenerates the generated docs tables (benchmarks.tables --update-all).
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$REPO"
@@ -25,10 +25,10 @@ VARIANT_ARGS=(); [[ -n "${VARIANTS:-}" ]] && read -r -a VARIANT_ARGS <<< "$VARIA
 "$PYTHON" -m benchmarks.attention_listops --data "$DATA" --no-brackets-data "$DATA_NB" \
   --out "$OUT" --work "$WORK" --max-update "$MAX_UPDATE" --batch-size "$BATCH" --threads "$THREADS" \
   "${VARIANT_ARGS[@]}"
-# the LRA-style chart (speed and memory at N=4096 from the speed study, when it has been run) and the docs/benchmarks.md tables
+# the LRA-style chart (speed and memory at N=4096 from the speed study, when it has been run) and the generated docs tables
 SPEED="${SPEED:-benchmarks/results/attention_speed.json}"
 if [[ -f "$SPEED" ]]; then
   "$PYTHON" -m benchmarks.attention_plots bubble "$SPEED" "$OUT" "${OUT%.json}.png"
 fi
-"$PYTHON" -m benchmarks.tables "$(dirname "$OUT")"/*.json --update-docs docs/benchmarks.md \
-  || echo "[attention_listops.sh] docs/benchmarks.md not updated (see the error above)" >&2
+"$PYTHON" -m benchmarks.tables --update-all \
+  || echo "[attention_listops.sh] the generated docs pages were not all updated (see the error above)" >&2

@@ -8,7 +8,7 @@
 #   PEERS_DIR=runs/attention_peers (peer packages are pip-installed there, never into .venv)
 #   OUT=benchmarks/results/attention_speed.json  TIMEOUT=900 (s per run)  MEM_LIMIT_GB=20
 #   ROUNDS=1 (whole passes over every row, one after the other; each row is the median pass)
-# Then draws ${OUT%.json}.png (time and memory against N) and regenerates the results tables of docs/benchmarks.md.
+# Then draws ${OUT%.json}.png (time and memory against N) and regenerates the generated docs tables (benchmarks.tables --update-all).
 # Run it on an otherwise idle machine: the rows are timings.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -27,5 +27,5 @@ ATTENTION_PEERS_PATH="$PEERS_DIR" OMP_NUM_THREADS="$THREADS" "$PYTHON" -m benchm
   --out "$OUT" --n $NS --device "$DEVICE" --threads "$THREADS" --timeout "$TIMEOUT" \
   --mem-limit-gb "$MEM_LIMIT_GB" --rounds "$ROUNDS" --peers
 "$PYTHON" -m benchmarks.attention_plots curves "$OUT" "${OUT%.json}.png"
-"$PYTHON" -m benchmarks.tables "$(dirname "$OUT")"/*.json --update-docs docs/benchmarks.md \
-  || echo "[attention_speed.sh] docs/benchmarks.md not updated (see the error above)" >&2
+"$PYTHON" -m benchmarks.tables --update-all \
+  || echo "[attention_speed.sh] the generated docs pages were not all updated (see the error above)" >&2

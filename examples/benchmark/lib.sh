@@ -7,8 +7,12 @@
 #   SRC, TGT          language pair (en, de)
 #   TEACHER_CKPT      the AR teacher (default $SHARED/data/multi30k-teacher/teacher.pt), its budget
 #                     TEACHER_UPDATES / TEACHER_WALL_S (default 5700 s, its README)
-#   THREADS (2), LATENCY_SENTENCES (200), LIMIT (first N test sentences), CUDA=1, DOCS (docs/benchmarks.md),
-#   OUT (benchmarks/results/$NAME.json), TRAIN_COMMAND (how the systems were trained: recorded),
+#   THREADS (2), LATENCY_SENTENCES (200), LIMIT (first N test sentences), CUDA=1,
+#   OUT (benchmarks/results/$NAME.json: a current table; benchmarks/results/studies/STUDY/$NAME.json: a
+#   study's table), DOCS (default: every generated page, `python -m benchmarks.tables --update-all`, which
+#   shows a current table in docs/benchmarks.md and a study's in docs/studies/STUDY.md; or one page, whose
+#   results section then shows the tables of OUT's folder),
+#   TRAIN_COMMAND (how the systems were trained: recorded),
 #   BENCHMARK_NAME (rows written as that benchmark instead of the script's own, see below)
 #   <SYS>_CKPT, <SYS>_TRAIN_LOG (default: train.log beside the checkpoint), <SYS>_UPDATES, <SYS>_WALL_S
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -32,7 +36,7 @@ LIMIT="${LIMIT:-}"
 SCRIPT="$NAME"; NAME="${BENCHMARK_NAME:-$NAME}"
 [[ "$NAME" =~ ^[a-z][a-z0-9_]*$ ]] || { echo "error: BENCHMARK_NAME '$NAME' is not a lower-case identifier" >&2; exit 1; }
 OUT="${OUT:-benchmarks/results/$NAME.json}"
-DOCS="${DOCS:-docs/benchmarks.md}"
+DOCS="${DOCS:-all}"
 CUDA="${CUDA:-0}"
 
 die() { echo "error: $*" >&2; exit 1; }
@@ -110,10 +114,13 @@ train_stats() {  # train_stats PREFIX: the --train-* options of one system (P_UP
 
 bench() { echo "[$NAME.sh] $*" >&2; "$PYTHON" -m fairseq_nat_ext.evaluation.run "$@"; }
 
-update_tables() {  # redraw $NAME.png, print every results table and regenerate the results section of $DOCS
+update_tables() {  # redraw $NAME.png, print the results tables of OUT's folder, regenerate the docs ($DOCS)
     "$PYTHON" -m benchmarks.plot "$OUT" >&2 || echo "[$NAME.sh] plot not drawn (see the error above)" >&2
     "$PYTHON" -m benchmarks.tables "$(dirname "$OUT")"/*.json
-    if [[ -f "$DOCS" ]]; then
+    if [[ "$DOCS" == all ]]; then
+        "$PYTHON" -m benchmarks.tables --update-all \
+            || echo "[$NAME.sh] the generated docs pages were not all updated (see the error above)" >&2
+    elif [[ -f "$DOCS" ]]; then
         "$PYTHON" -m benchmarks.tables "$(dirname "$OUT")"/*.json --update-docs "$DOCS" \
             || echo "[$NAME.sh] $DOCS not updated (see the error above)" >&2
     else

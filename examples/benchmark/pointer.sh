@@ -24,7 +24,7 @@
 #   STAGES           [data,train,eval]
 #   BENCHMARK_NAME   [pointer]; pointer_<name>: a subset re-measured on other hardware, as its own
 #                    benchmark (file, pictures and docs table), so one table never mixes machines
-#   OUT [benchmarks/results/$BENCHMARK_NAME.json]  DOCS [docs/benchmarks.md] (DOCS= to skip the update)
+#   OUT [benchmarks/results/$BENCHMARK_NAME.json]  DOCS [all: every generated page, benchmarks.tables --update-all; or one page] (DOCS= to skip the update)
 #   CUDA=1           decode on CUDA when available
 # Data generation is single-threaded: about 1 min per 100000 hulls of 50 points; TSP 5-20 needs LKH
 # (about 10-15 ms per instance of n > 12), so 100000 examples take roughly 10-15 min.
@@ -44,7 +44,7 @@ export BATCH_SIZE="${BATCH_SIZE:-128}" LR="${LR:-1e-3}" WARMUP="${WARMUP:-200}" 
 export BEAMS="${BEAMS:-1,5}" THREADS="${THREADS:-2}" STAGES="${STAGES:-data,train,eval}"
 BENCHMARK_NAME="${BENCHMARK_NAME:-pointer}"
 OUT="${OUT:-benchmarks/results/$BENCHMARK_NAME.json}"
-DOCS="${DOCS-docs/benchmarks.md}"
+DOCS="${DOCS-all}"
 CUDA_FLAG=(); [[ "${CUDA:-0}" == 1 ]] && CUDA_FLAG=(--cuda)
 export OMP_NUM_THREADS="$THREADS"
 INDEX_NOTE=""; [[ "$INDEX_RANGE" != 0 ]] && INDEX_NOTE=" INDEX_RANGE=$INDEX_RANGE"
@@ -54,6 +54,8 @@ COMMAND+=" bash examples/benchmark/pointer.sh"
 "$PYTHON" -m benchmarks.pointer --work-dir "$WORK" --out "$OUT" --stages "$STAGES" \
   --experiments "$EXPERIMENTS" --archs "$ARCHS" --train-size "$TRAIN_SIZE" --valid-size "$VALID_SIZE" \
   --test-size "$TEST_SIZE" --beams "$BEAMS" --threads "$THREADS" --command "$COMMAND" --benchmark "$BENCHMARK_NAME" ${CUDA_FLAG[@]+"${CUDA_FLAG[@]}"}
-if [[ -n "$DOCS" && -f "$OUT" ]]; then
+if [[ "$DOCS" == all && -f "$OUT" ]]; then
+  "$PYTHON" -m benchmarks.tables --update-all
+elif [[ -n "$DOCS" && -f "$OUT" ]]; then
   "$PYTHON" -m benchmarks.tables "$(dirname "$OUT")"/*.json --update-docs "$DOCS"
 fi

@@ -21,7 +21,8 @@ Schema (exactly these keys, nothing else, but the optional row keys below)::
 * ``wrong_language_rate``/``mixed_language_rate``: fractions in [0, 1] of the row's detokenised
   hypotheses identified as a candidate language other than the target, and mixing two candidate
   languages (:mod:`.language_id` defines both); absent when the run had no ``--language-check``.
-* ``hyp``: the committed hypothesis file ``benchmarks/results/<benchmark>/<file>`` where ``<file>``
+* ``hyp``: the committed hypothesis file ``<folder of the JSON>/<benchmark>/<file>`` (e.g.
+  ``benchmarks/results/<benchmark>/<file>``, or ``benchmarks/results/studies/<study>/...``) where ``<file>``
   is :func:`hyp_filename` (``:`` replaced by ``_``; ``__distilled`` appended for rows of systems
   trained on distilled data, so that a raw and a distilled run of one system never share a file).
   For the reference row it is the raw reference file itself.
