@@ -14,7 +14,9 @@ The current tables live at the top level of ``benchmarks/results/`` and are show
 ``benchmarks/results/studies/<study>/`` and are shown in ``docs/studies/<study>.md`` (the third form).
 ``--update-all`` regenerates every such page (:func:`pages` lists them; the attention and pointer
 tables are shown on their own pages, :data:`OTHER_PAGES`); on ``docs/benchmarks.md`` the BLEU tables
-are compact (:func:`compact_table`: the command and the hypotheses are linked, not repeated).
+are compact (:func:`compact_table`: the command and the hypotheses are linked, not repeated), and the
+``<!-- rows: TABLE SYSTEMS -->`` blocks of README.md and docs/ (a method's current result, e.g. in
+docs/nat.md) are regenerated from their tables (:func:`rows_table`).
 There, the links to the committed hypothesis files (paths from the repository root in the JSON) are
 written relative to the page's folder (``../benchmarks/results/...`` from ``docs/``).
 Every file is validated first (:mod:`fairseq_nat_ext.evaluation.results`; the pointer, oracle and
@@ -24,6 +26,7 @@ import argparse
 import glob
 import json
 import os
+import re
 import sys
 
 from fairseq_nat_ext.evaluation.results import REFERENCE_SYSTEM, check_timing_results, load_results
@@ -281,6 +284,80 @@ def pages():
     return [(page, by_page[page], page == main_page) for page in sorted(by_page)]
 
 
+#: a method's result on a reference page: ``<!-- rows: TABLE SYSTEM[,SYSTEM...] [[!]DECODING-SUBSTRING] -->``
+#: (TABLE: the results file under benchmarks/results/ without ``.json``), up to ``<!-- rows: end -->``
+ROWS_RE = re.compile(r"^<!-- rows: (?P<table>[\w/]+) (?P<systems>[\w:,]+)(?: (?P<contains>\S+))? -->$")
+ROWS_END = "<!-- rows: end -->"
+TEACHER = ("fairseq:transformer", "beam=5")
+
+
+def rows_table(table, systems, contains=None, link_dir=None):
+    """The rows of ``systems`` (in file order; only decodings containing ``contains`` when given) of the
+    results file ``benchmarks/results/<table>.json`` as a small Markdown table (BLEU, batch-1 latency,
+    decoder passes; the full rows are in docs/benchmarks.md), with each row's batch-1
+    speed-up over the teacher's beam 5 of the same file (none when the file has no teacher row), and a
+    line that cites the file."""
+    path = os.path.join(RESULTS, table + ".json")
+    results = load_results(path)
+    def wanted(r):  # ``contains``: a substring the decoding must hold, or "!X": one it must not
+        if not contains:
+            return True
+        return contains[1:] not in r["decoding"] if contains.startswith("!") else contains in r["decoding"]
+
+    rows = [r for r in results["rows"] if r["system"] in systems and wanted(r)]
+    if not rows:
+        raise ValueError(f"{table}.json: no row of {sorted(systems)}" + (f" with {contains!r}" if contains else ""))
+    teacher = next((r for r in results["rows"] if (r["system"], r["decoding"]) == TEACHER), None)
+    mixed = len({r["distilled"] for r in rows}) > 1  # a "targets" column only where rows differ in it
+    lines = ["| system | decoding |" + (" targets |" if mixed else "") + " BLEU | ms/sent b1 | x teacher b1 | iter. |",
+             "| --- | --- |" + (" --- |" if mixed else "") + " ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        speedup = f"{teacher['latency_ms_b1'] / r['latency_ms_b1']:.2f}x" if teacher and r["latency_ms_b1"] else DASH
+        targets = f" {'distilled' if r['distilled'] else 'raw'} |" if mixed else ""
+        lines.append(f"| `{r['system']}` | `{r['decoding']}` |{targets} {r['bleu']:.2f} | {r['latency_ms_b1']:.1f} | "
+                     f"{speedup} | {r['iterations']:.2f} |")
+    rel = os.path.relpath(path, REPO).replace(os.sep, "/")
+    cite = f"[`{os.path.basename(rel)}`]({hyp_link(rel, link_dir)}), {results['hardware']}: "
+    cite += (f"teacher beam 5 {teacher['bleu']:.2f} BLEU, {teacher['latency_ms_b1']:.1f} ms."
+             if teacher else "no teacher row, so no speed-up.")
+    return "\n".join(lines) + "\n\n" + cite + "\n"
+
+
+def update_rows(page):
+    """Regenerate every ``<!-- rows: ... -->`` block of the Markdown file ``page``; True when it changed."""
+    with open(page, encoding="utf-8") as f:
+        lines = f.read().splitlines(keepends=True)
+    out, i, link_dir = [], 0, os.path.dirname(os.path.abspath(page))
+    while i < len(lines):
+        m = ROWS_RE.match(lines[i].strip())
+        out.append(lines[i])
+        i += 1
+        if not m:
+            continue
+        end = next((j for j in range(i, len(lines)) if lines[j].strip() == ROWS_END), None)
+        if end is None:
+            raise ValueError(f"{lines[i - 1].strip()} has no {ROWS_END}")
+        out.append(rows_table(m["table"], set(m["systems"].split(",")), m["contains"], link_dir))
+        i = end
+    new = "".join(out)
+    with open(page, encoding="utf-8") as f:
+        old = f.read()
+    if new != old:
+        with open(page, "w", encoding="utf-8") as f:
+            f.write(new)
+    return new != old
+
+
+def row_pages():
+    """The pages with ``<!-- rows: ... -->`` blocks (README.md and docs/**/*.md)."""
+    found = []
+    for page in [os.path.join(REPO, "README.md")] + sorted(glob.glob(os.path.join(DOCS, "**", "*.md"), recursive=True)):
+        with open(page, encoding="utf-8") as f:
+            if any(ROWS_RE.match(line.strip()) for line in f):
+                found.append(page)
+    return found
+
+
 def update_all():
     """Regenerate the results section of every page of :func:`pages`; 0, or 1 after a one-line error."""
     status = 0
@@ -297,6 +374,15 @@ def update_all():
             status = 1
             continue
         print(f"{rel}: results section {'updated' if changed else 'unchanged'}")
+    for page in row_pages():
+        rel = os.path.relpath(page, REPO)
+        try:
+            changed = update_rows(page)
+        except (OSError, ValueError) as err:
+            print(f"error: {rel}: {err}; nothing changed", file=sys.stderr)
+            status = 1
+            continue
+        print(f"{rel}: method results {'updated' if changed else 'unchanged'}")
     return status
 
 
