@@ -48,7 +48,13 @@ before; ``docs/compat.md`` lists them with what loading the plugin changes.  Tar
    silently translates fewer sentences (3-sentence split: none) and validation skips sentences.  We
    keep that tail as one last, smaller batch, for every caller: evaluation loses nothing, and
    training no longer skips the same (longest) sentences every epoch.  Every other batch is unchanged.
-12. ``insertion_label_tau``: fairseq's ``insertion_transformer`` with ``--label-tau`` (binary-tree slot
+12. ``resume_batches``: fairseq's ``FairseqTask.get_batch_iterator`` orders the training examples under
+   ``numpy_seed(seed + epoch)`` and keeps the batches it builds for every later epoch of the process, so an
+   uninterrupted run trains on epoch 1's batches and a run resumed at epoch e on batches built under
+   seed + e: sentences of equal length change batches and the resumed run departs from the uninterrupted
+   one (fairseq's own ``test_reproducibility``).  A reusable iterator is built with epoch 1's batches, then
+   set to its epoch; runs from epoch 1, per-epoch rebuilt and unshuffled iterators are unchanged.
+13. ``insertion_label_tau``: fairseq's ``insertion_transformer`` with ``--label-tau`` (binary-tree slot
    weights) fails on its first batch (a float64 tensor of numpy weights scattered into float32
    targets).  The weights are handed over as Python floats: float32 targets, the same values; without
    ``--label-tau`` nothing changes.
@@ -592,6 +598,58 @@ def _patch_batch_by_size():
     data_utils.batch_by_size = batch_by_size
 
 
+def _patch_resume_batches():
+    """Build a reusable training iterator's batches as a run from epoch 1 does, whatever epoch it starts at.
+
+    fairseq's ``FairseqTask.get_batch_iterator`` orders the examples under ``numpy_seed(seed + epoch)``
+    (ties of equal length are broken by that permutation) and, when the dataset's batches may be reused
+    across epochs (the default), builds them once and keeps them for every later epoch of the process.
+    An uninterrupted run therefore trains every epoch on the batches of epoch 1, while a run resumed at
+    epoch e builds them under seed + e: equal-length sentences change batches and the resumed run
+    departs from the uninterrupted one (fairseq's own ``test_reproducibility`` fails whenever such a
+    tie straddles a batch boundary, which depends on the data).  A reusable iterator is now built with
+    the batches of epoch 1 and then set to the requested epoch; the per-epoch shuffle of the batches
+    (``seed + epoch``) is unchanged, and so is every run that starts at epoch 1, every iterator that is
+    rebuilt per epoch (``--rebuild-batches``, sharded data, non-reusable datasets) and every unshuffled
+    one (validation, generation)."""
+    import functools
+    import inspect
+
+    from fairseq.tasks.fairseq_task import FairseqTask
+
+    original = FairseqTask.get_batch_iterator
+    if getattr(original, "_nat_ext_wrapped", False):
+        return
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def get_batch_iterator(self, dataset, *args, **kwargs):
+        bound = signature.bind(self, dataset, *args, **kwargs)
+        bound.apply_defaults()
+        a = bound.arguments
+        epoch = a.get("epoch") or 1
+        reusable = (not a.get("disable_iterator_cache") and not a.get("update_epoch_batch_itr")
+                    and not getattr(getattr(self, "cfg", None), "rebuild_batches", False)
+                    and self.can_reuse_epoch_itr(dataset))
+        if epoch <= 1 or not reusable or dataset in getattr(self, "dataset_to_epoch_iter", {}):
+            return original(*bound.args, **bound.kwargs)
+        a["epoch"] = 1
+        itr = original(*bound.args, **bound.kwargs)
+        dataset.set_epoch(epoch)
+        itr.epoch = epoch  # EpochBatchIterator keeps the epoch it starts from; nothing else depends on it
+        return itr
+
+    get_batch_iterator._nat_ext_wrapped = True
+    FairseqTask.get_batch_iterator = get_batch_iterator
+
+
+def _batch_order_seeded_by_start_epoch():
+    from fairseq.tasks.fairseq_task import FairseqTask
+
+    fn = getattr(FairseqTask.get_batch_iterator, "__wrapped__", FairseqTask.get_batch_iterator)
+    return source_contains(fn, "numpy_seed(seed + epoch)") and source_contains(fn, "make_batches(dataset, epoch)")
+
+
 def source_contains(obj, snippet):
     """Whether ``obj``'s source holds ``snippet`` (spaces ignored): how a shim sees that the installed
     fairseq still has the code it fixes.  Unreadable source counts as unfixed."""
@@ -698,6 +756,8 @@ SHIMS = (
          _patch_numpy_compat),
     Shim("keep_last_batch", "fairseq 0.12.x data_utils.batch_by_size", "fairseq",
          _batch_by_size_drops_tail, _patch_batch_by_size),
+    Shim("resume_batches", "fairseq 0.12.3 FairseqTask.get_batch_iterator (seed + epoch)", "fairseq",
+         _batch_order_seeded_by_start_epoch, _patch_resume_batches),
     Shim("insertion_label_tau", "fairseq 0.12.x insertion_transformer --label-tau on torch >= 2", "fairseq",
          _insertion_label_tau_breaks, _patch_insertion_label_tau),
     Shim("one_line_errors", "the plugin's own UserFacingError", "plugin", _always, _install_excepthook),
