@@ -323,11 +323,11 @@ def rows_table(table, systems, contains=None, link_dir=None):
     return "\n".join(lines) + "\n\n" + cite + "\n"
 
 
-def update_rows(page):
-    """Regenerate every ``<!-- rows: ... -->`` block of the Markdown file ``page``; True when it changed."""
-    with open(page, encoding="utf-8") as f:
-        lines = f.read().splitlines(keepends=True)
-    out, i, link_dir = [], 0, os.path.dirname(os.path.abspath(page))
+def render_rows(text, link_dir=None):
+    """``text`` (a Markdown page) with every ``<!-- rows: ... -->`` block regenerated (:func:`rows_table`,
+    links relative to ``link_dir``); ValueError on a block without its end marker."""
+    lines = text.splitlines(keepends=True)
+    out, i = [], 0
     while i < len(lines):
         m = ROWS_RE.match(lines[i].strip())
         out.append(lines[i])
@@ -339,9 +339,14 @@ def update_rows(page):
             raise ValueError(f"{lines[i - 1].strip()} has no {ROWS_END}")
         out.append(rows_table(m["table"], set(m["systems"].split(",")), m["contains"], link_dir))
         i = end
-    new = "".join(out)
+    return "".join(out)
+
+
+def update_rows(page):
+    """Regenerate every ``<!-- rows: ... -->`` block of the Markdown file ``page``; True when it changed."""
     with open(page, encoding="utf-8") as f:
         old = f.read()
+    new = render_rows(old, os.path.dirname(os.path.abspath(page)))
     if new != old:
         with open(page, "w", encoding="utf-8") as f:
             f.write(new)
