@@ -31,7 +31,7 @@ import sys
 
 from fairseq_nat_ext.evaluation.results import REFERENCE_SYSTEM, check_timing_results, load_results
 
-from . import REPO, attention_results, pointer_results
+from . import REPO, attention_results, leaderboard, pointer_results
 
 RESULTS = os.path.join(REPO, "benchmarks", "results")
 STUDIES = os.path.join(RESULTS, "studies")
@@ -209,6 +209,8 @@ def markdown_tables(paths, link_dir=None, compact=False):
     def section(results, table, path):
         if table is not markdown_table:
             return table(results)
+        if leaderboard.is_leaderboard(results):
+            return leaderboard.markdown_table(results, link_dir)
         return compact_table(results, link_dir, path) if compact else markdown_table(results, link_dir)
 
     return "\n".join(section(*r) for r in all_results)
@@ -259,6 +261,7 @@ def docs_page(results_dir):
 #: current tables shown on their subject's page instead of docs/benchmarks.md: (file-name prefix, page)
 OTHER_PAGES = (("attention_", os.path.join(DOCS, "studies", "attention_speed_listops.md")),
                ("multilingual", os.path.join(DOCS, "studies", "multilingual_kermit.md")),
+               ("nat_leaderboard", os.path.join(DOCS, "leaderboard.md")),
                ("pointer", os.path.join(DOCS, "pointer.md")))
 
 
@@ -363,6 +366,31 @@ def row_pages():
     return found
 
 
+#: the README's method table, generated from the leaderboard: between these two lines
+METHODS_BEGIN = "<!-- leaderboard: methods -->"
+METHODS_END = "<!-- leaderboard: end -->"
+
+
+def update_methods(page):
+    """Regenerate the ``<!-- leaderboard: methods -->`` block of ``page`` (:func:`.leaderboard.methods_table`);
+    True when it changed, False when the page has no block or there is no leaderboard yet."""
+    with open(page, encoding="utf-8") as f:
+        text = f.read()
+    lines = text.splitlines(keepends=True)
+    begin = [i for i, line in enumerate(lines) if line.strip() == METHODS_BEGIN]
+    end = [i for i, line in enumerate(lines) if line.strip() == METHODS_END]
+    if not begin or not os.path.exists(leaderboard.PATH):
+        return False
+    if len(begin) > 1 or len(end) != 1 or end[0] < begin[0]:
+        raise ValueError(f"{METHODS_BEGIN} needs exactly one {METHODS_END} after it")
+    table = leaderboard.methods_table(load_results(leaderboard.PATH), os.path.dirname(os.path.abspath(page)))
+    new = "".join(lines[: begin[0] + 1]) + table + "".join(lines[end[0]:])
+    if new != text:
+        with open(page, "w", encoding="utf-8") as f:
+            f.write(new)
+    return new != text
+
+
 def update_all():
     """Regenerate the results section of every page of :func:`pages`; 0, or 1 after a one-line error."""
     status = 0
@@ -388,6 +416,13 @@ def update_all():
             status = 1
             continue
         print(f"{rel}: method results {'updated' if changed else 'unchanged'}")
+    readme = os.path.join(REPO, "README.md")
+    try:
+        changed = update_methods(readme)
+    except (OSError, ValueError) as err:
+        print(f"error: README.md: {err}; nothing changed", file=sys.stderr)
+        return 1
+    print(f"README.md: method table {'updated' if changed else 'unchanged'}")
     return status
 
 

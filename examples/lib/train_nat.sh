@@ -3,7 +3,7 @@
 #   and may set NAT_EXTRA (array: method-specific flags such as --length-loss-factor).
 # Environment overrides (the same for every NAT recipe, so systems differ only in SYS):
 #   LAYERS=3 DIM=256 FFN=4*DIM HEADS=4 DROPOUT=0.3 LABEL_SMOOTHING=0.1 LR=1e-3 WARMUP=400
-#   MAX_TOKENS=4096 MAX_UPDATE=3000 SEED=1 THREADS=$(nproc) SAVE_INTERVAL_UPDATES=200 AVG=5
+#   MAX_TOKENS=4096 MAX_UPDATE=1000 SEED=1 THREADS=$(nproc) SAVE_INTERVAL_UPDATES=200 AVG=5
 #   INIT_FROM=AT.pt: start from an autoregressive Transformer's weights (fairseq_nat_ext.init_from_at)
 # Training resumes from the newest intact checkpoint in SAVE_DIR (fairseq_nat_ext/checkpoint_resume.py:
 # checkpoint_last.pt, or --restore-file of a newer one when a kill left checkpoint_last.pt truncated; the
@@ -16,7 +16,7 @@ DROPOUT="${DROPOUT:-0.3}"; LABEL_SMOOTHING="${LABEL_SMOOTHING:-0.1}"
 LR="${LR:-1e-3}"; WARMUP="${WARMUP:-400}"; MAX_TOKENS="${MAX_TOKENS:-4096}"
 # shellcheck source=common.sh
 source "$SCRIPT_DIR/lib/common.sh"
-MAX_UPDATE="${MAX_UPDATE:-3000}"; SEED="${SEED:-1}"; THREADS="${THREADS:-$(default_cores)}"
+MAX_UPDATE="${MAX_UPDATE:-1000}"; SEED="${SEED:-1}"; THREADS="${THREADS:-$(default_cores)}"
 SAVE_INTERVAL_UPDATES="${SAVE_INTERVAL_UPDATES:-200}"; AVG="${AVG:-5}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$THREADS}"
 mkdir -p "$SAVE_DIR"

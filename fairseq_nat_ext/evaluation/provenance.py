@@ -175,6 +175,34 @@ def training_stats_from_log(path):
     return updates, meter
 
 
+_EPOCH_LINE_RE = re.compile(r"\| train \| epoch \d+ \|.*\bwpb ([0-9.]+) \|.*\bnum_updates (\d+)\b")
+
+
+def training_words_from_log(path):
+    """Target tokens trained on, from a fairseq-train log's end-of-epoch ``train`` lines (words per batch x
+    the epoch's updates, each run of a resumed training counted from where it resumed); None when the log
+    has none."""
+    words, last, seen = 0.0, 0, False
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            m = _EPOCH_LINE_RE.search(line)
+            if m:
+                wpb, updates = float(m.group(1)), int(m.group(2))
+                if updates > last:
+                    words += wpb * (updates - last)
+                    last, seen = updates, True
+    return words if seen else None
+
+
+def training_settings(state):
+    """(seed, max_tokens) of the training run, from a loaded checkpoint's config (None where absent)."""
+    cfg, args = state.get("cfg"), state.get("args")
+    common, dataset = _field(cfg, "common"), _field(cfg, "dataset")
+    seed = _field(common, "seed") if common is not None else _field(args, "seed")
+    max_tokens = _field(dataset, "max_tokens") if dataset is not None else _field(args, "max_tokens")
+    return (None if seed is None else int(seed)), (None if max_tokens is None else int(max_tokens))
+
+
 def resolve_training_stats(explicit_updates=None, explicit_wall=None, log_path=None, state=None):
     """Combine the sources (explicit > log > checkpoint); ValueError naming what is missing."""
     updates, wall = explicit_updates, explicit_wall

@@ -10,6 +10,10 @@ Schema (exactly these keys, nothing else, but the optional row keys below)::
            "repeat_rate": float, "train_updates": int, "train_wall_s": float, "hyp": str}
     optional, both or neither (``run --language-check LANGS``, :mod:`.language_id`):
           "wrong_language_rate": float, "mixed_language_rate": float
+    optional, all or none (``run --leaderboard``, the NAT leaderboard's columns, :data:`LEADERBOARD_ROW_FIELDS`):
+          "chrf", "valid_bleu", "valid_chrf", "decoder_passes", "train_wps", "teacher_latency_ms_b1",
+          "teacher_sent_per_s_b128": float; "seed", "max_tokens": int; "init", "trained_on", "run": str;
+          "command": str; "blind": {test set name: hypothesis file}
 
 * ``system``: the registered arch for this plugin's models (``mask_predict``), ``fairseq:<arch>`` for
   fairseq's built-ins (``fairseq:transformer``, ``fairseq:cmlm_transformer``), ``reference`` for the
@@ -32,7 +36,8 @@ The reference row (``--reference-row``) scores the reference against itself: ``b
 ``train_wall_s`` 0, ``distilled`` false; only its ``repeat_rate`` (and the language rates, when
 given) is informative.
 
-Rows are keyed by (system, decoding, distilled): :func:`upsert_row` replaces the row with the same key
+Rows are keyed by (system, decoding, distilled, seed) (seed None for rows without the leaderboard
+columns): :func:`upsert_row` replaces the row with the same key
 (in place) and keeps every other row.
 """
 import json
@@ -69,6 +74,26 @@ OPTIONAL_ROW_FIELDS = {  # all or none of them
     "wrong_language_rate": float,
     "mixed_language_rate": float,
 }
+#: the leaderboard's columns (``run --leaderboard``): all or none of them
+LEADERBOARD_ROW_FIELDS = {
+    "chrf": float,                      # sacreBLEU chrF (default settings) on the test subset
+    "valid_bleu": float,                # sacreBLEU BLEU / chrF on the valid subset (same decoding)
+    "valid_chrf": float,
+    "decoder_passes": float,            # decoder forward calls per sentence at batch 1 (counted)
+    "seed": int,                        # the training run's --seed
+    "max_tokens": int,                  # the training run's --max-tokens
+    "train_wps": float,                 # target tokens per second of training wall time (null: no log)
+    "init": str,                        # what the weights started from ("scratch", "teacher", ...)
+    "trained_on": str,                  # the machine the training ran on
+    "run": str,                         # id of the measuring run (one call of the leaderboard script)
+    "teacher_latency_ms_b1": float,     # the speed baseline measured in the same run
+    "teacher_sent_per_s_b128": float,
+    "blind": dict,                      # unseen test set name -> committed hypothesis file
+    "command": str,                     # the commands that reproduce the row (training, measuring)
+}
+OPTIONAL_ROW_GROUPS = (OPTIONAL_ROW_FIELDS, LEADERBOARD_ROW_FIELDS)
+#: optional fields that may be null (JSON null: not known, e.g. a shared teacher's words/s without its log)
+NULLABLE_FIELDS = ("train_wps",)
 REFERENCE_SYSTEM = "reference"
 REFERENCE_DECODING = "none"
 _RANGES = {
@@ -82,6 +107,15 @@ _RANGES = {
     "train_wall_s": (0.0, math.inf),
     "wrong_language_rate": (0.0, 1.0),
     "mixed_language_rate": (0.0, 1.0),
+    "chrf": (0.0, 100.0),
+    "valid_bleu": (0.0, 100.0),
+    "valid_chrf": (0.0, 100.0),
+    "decoder_passes": (0.0, math.inf),
+    "seed": (0, math.inf),
+    "max_tokens": (0, math.inf),
+    "train_wps": (0.0, math.inf),
+    "teacher_latency_ms_b1": (0.0, math.inf),
+    "teacher_sent_per_s_b128": (0.0, math.inf),
 }
 
 
@@ -104,22 +138,27 @@ def _type_ok(value, typ):
 
 
 def _check_fields(obj, fields, where, optional=None):
-    """Missing, unexpected and mistyped keys; ``optional``: keys that may be absent (all together)."""
+    """Missing, unexpected and mistyped keys; ``optional``: a dict of keys that may be absent (all
+    together), or a tuple of such dicts (each group all or none)."""
     errors = []
-    optional = optional or {}
+    groups = (optional,) if isinstance(optional, dict) else tuple(optional or ())
+    optional = {k: v for g in groups for k, v in g.items()}
     if not isinstance(obj, dict):
         return [f"{where}: expected an object, got {type(obj).__name__}"]
     for key in fields:
         if key not in obj:
             errors.append(f"{where}: missing key {key!r}")
-    present = [key for key in optional if key in obj]
-    if present and len(present) != len(optional):
-        errors.append(f"{where}: {', '.join(repr(k) for k in present)} without "
-                      f"{', '.join(repr(k) for k in optional if k not in obj)}")
+    for group in groups:
+        present = [key for key in group if key in obj]
+        if present and len(present) != len(group):
+            errors.append(f"{where}: {', '.join(repr(k) for k in present)} without "
+                          f"{', '.join(repr(k) for k in group if k not in obj)}")
     for key in obj:
         if key not in fields and key not in optional:
             errors.append(f"{where}: unexpected key {key!r}")
     for key, typ in {**fields, **optional}.items():
+        if key in obj and obj[key] is None and key in NULLABLE_FIELDS:
+            continue
         if key in obj and not _type_ok(obj[key], typ):
             errors.append(f"{where}.{key}: expected {typ.__name__}, got {obj[key]!r}")
     return errors
@@ -139,16 +178,22 @@ def check_timing_results(obj, path, row_keys):
 
 
 def row_key(row):
-    return (row["system"], row["decoding"], bool(row["distilled"]))
+    """(system, decoding, distilled, seed): a leaderboard row's training seed is part of its key (a
+    second seed of one system is a row of its own); rows without one have seed None."""
+    return (row["system"], row["decoding"], bool(row["distilled"]), row.get("seed"))
 
 
 def validate_row(row, where="row"):
     """List of problems with one row (empty when valid)."""
-    errors = _check_fields(row, ROW_FIELDS, where, OPTIONAL_ROW_FIELDS)
+    errors = _check_fields(row, ROW_FIELDS, where, OPTIONAL_ROW_GROUPS)
     if errors:
         return errors
+    if "blind" in row:
+        for name, path in row["blind"].items():
+            if not (isinstance(name, str) and isinstance(path, str) and name and path):
+                errors.append(f"{where}.blind: expected test set name -> hypothesis file, got {name!r}: {path!r}")
     for key, (lo, hi) in _RANGES.items():
-        if key in row and not lo <= row[key] <= hi:
+        if key in row and row[key] is not None and not lo <= row[key] <= hi:
             errors.append(f"{where}.{key}: {row[key]} outside [{lo}, {hi}]")
     if not row["system"].strip():
         errors.append(f"{where}.system: empty")
@@ -233,10 +278,11 @@ def new_results(benchmark, data, hardware, threads, command, sacrebleu_signature
 
 
 def make_row(system, decoding, distilled, bleu, tok_bleu, latency_ms_b1, sent_per_s_b128,
-             iterations, repeat_rate, train_updates, train_wall_s, hyp, language_rates=None):
+             iterations, repeat_rate, train_updates, train_wall_s, hyp, language_rates=None, leaderboard=None):
     """A row with the schema's types (floats rounded to 4 decimals for stable diffs); ``language_rates``:
     a dict with ``wrong_language_rate`` and ``mixed_language_rate`` (e.g. :func:`.language_id.language_rates`'s),
-    or None for a row without them."""
+    or None for a row without them; ``leaderboard``: a dict with every key of :data:`LEADERBOARD_ROW_FIELDS`, or
+    None."""
     row = {
         "system": str(system),
         "decoding": str(decoding),
@@ -254,6 +300,13 @@ def make_row(system, decoding, distilled, bleu, tok_bleu, latency_ms_b1, sent_pe
     if language_rates is not None:
         for key in OPTIONAL_ROW_FIELDS:
             row[key] = round(float(language_rates[key]), 6)
+    if leaderboard is not None:
+        for key, typ in LEADERBOARD_ROW_FIELDS.items():
+            value = leaderboard[key]
+            if value is None and key in NULLABLE_FIELDS:
+                row[key] = None
+            else:
+                row[key] = round(float(value), 4) if typ is float else (dict(value) if typ is dict else typ(value))
     errors = validate_row(row)
     if errors:
         raise ResultsSchemaError("; ".join(errors))
@@ -261,7 +314,7 @@ def make_row(system, decoding, distilled, bleu, tok_bleu, latency_ms_b1, sent_pe
 
 
 def upsert_row(results, row):
-    """Replace the row with the same (system, decoding, distilled) in place, else append it."""
+    """Replace the row with the same key (:func:`row_key`) in place, else append it."""
     key = row_key(row)
     for i, old in enumerate(results["rows"]):
         if row_key(old) == key:
@@ -271,16 +324,26 @@ def upsert_row(results, row):
     return results
 
 
-def hyp_filename(system, decoding, distilled):
-    """``fairseq:transformer``, ``beam=5`` -> ``fairseq_transformer__beam=5.txt``."""
+def hyp_filename(system, decoding, distilled, seed=None):
+    """``fairseq:transformer``, ``beam=5`` -> ``fairseq_transformer__beam=5.txt``; a training seed other
+    than 1 (a leaderboard's second seed) is appended as ``__seed<N>``."""
     name = f"{system.replace(':', '_').replace(os.sep, '_')}__{decoding}"
     if distilled:
         name += "__distilled"
+    if seed is not None and int(seed) != 1:
+        name += f"__seed{int(seed)}"
     return name + ".txt"
 
 
-def hyp_path(results_json, benchmark, system, decoding, distilled):
+def hyp_path(results_json, benchmark, system, decoding, distilled, seed=None):
     """``<dir of results_json>/<benchmark>/<hyp_filename>``."""
     return os.path.join(
-        os.path.dirname(results_json) or ".", benchmark, hyp_filename(system, decoding, distilled)
+        os.path.dirname(results_json) or ".", benchmark, hyp_filename(system, decoding, distilled, seed)
     )
+
+
+def blind_path(results_json, benchmark, hyp_file, test_set):
+    """``<dir of results_json>/<benchmark>/blind/<stem of hyp_file>.<test_set>.txt``: a row's hypotheses
+    of an unseen test set (no reference here)."""
+    stem = os.path.splitext(os.path.basename(hyp_file))[0]
+    return os.path.join(os.path.dirname(results_json) or ".", benchmark, "blind", f"{stem}.{test_set}.txt")

@@ -99,6 +99,28 @@ def build_parser():
                    help="candidate languages joined by commas (e.g. en,de,fr; --tgt-lang among them): every row "
                         "written gets wrong_language_rate and mixed_language_rate of its hypotheses")
     p.add_argument("--command", help="text of the results' 'command' field")
+    g = p.add_argument_group("leaderboard columns (every row written gets all of them, see .results)")
+    g.add_argument("--leaderboard", action="store_true",
+                   help="add chrF, valid BLEU/chrF, counted decoder passes, the training's seed, max-tokens and "
+                        "words/s, its initialisation and machine, the run id, the speed baseline measured in "
+                        "this run and the hypotheses of --blind test sets to every row")
+    g.add_argument("--valid-raw-ref", help="ORIGINAL raw reference of --valid-subset (with --leaderboard)")
+    g.add_argument("--blind", action="append", default=[], metavar="SUBSET",
+                   help="a subset of --data-bin without a reference here (an unseen test set): decoded with "
+                        "the same options, hypotheses written to <dir of --out>/<benchmark>/blind/"
+                        "<row's hypothesis file stem>.<SUBSET>.txt (repeatable)")
+    g.add_argument("--run-id", help="id of this measuring run (e.g. a UTC timestamp), the same for every call "
+                   "of one leaderboard run")
+    g.add_argument("--speed-baseline", default="fairseq:transformer/beam=5", metavar="SYSTEM/DECODING",
+                   help="the row (of --out, measured in the same --run-id; or this call's own) whose batch-1 "
+                        "latency and batch-128 throughput the speed-ups are relative to")
+    g.add_argument("--init", default="scratch", help="what the system's weights started from (recorded)")
+    g.add_argument("--trained-on", help="the machine the system was trained on (default: this one)")
+    g.add_argument("--row-command", default="",
+                   help="the commands that reproduce this system's rows (its training and this measuring)")
+    g.add_argument("--train-seed", type=int, help="the training's --seed (default: the checkpoint's)")
+    g.add_argument("--train-max-tokens", type=int,
+                   help="the training's --max-tokens (default: the checkpoint's)")
     return p
 
 
@@ -125,6 +147,22 @@ def _check_args(p, args):
         p.error("a --decoding is given twice")
     if args.threads < 1:
         p.error("--threads must be >= 1")
+    if args.leaderboard:
+        if not args.system_ckpt:
+            p.error("--leaderboard needs --system-ckpt (the reference row has no leaderboard columns)")
+        for name in ("valid_raw_ref", "run_id"):
+            if not getattr(args, name):
+                p.error(f"--leaderboard needs --{name.replace('_', '-')}")
+        system, sep, decoding = args.speed_baseline.partition("/")
+        try:
+            args.speed_baseline = f"{system}/{dec.canonical_decoding(decoding)}"
+        except ValueError as err:
+            p.error(f"--speed-baseline {args.speed_baseline!r}: {err}")
+        if not sep or not system:
+            p.error(f"--speed-baseline {args.speed_baseline!r}: expected SYSTEM/DECODING, e.g. "
+                    "fairseq:transformer/beam=5")
+    elif args.blind or args.valid_raw_ref:
+        p.error("--blind and --valid-raw-ref need --leaderboard")
     for name in ("latency_sentences", "warmup_sentences"):
         if getattr(args, name) < 0:
             p.error(f"--{name.replace('_', '-')} must be >= 0")
@@ -292,6 +330,7 @@ def benchmark_system(args, refs, tok_refs, save_row):
     lat_batches = inf.make_batches(task, models, inf.prefix_dataset(dataset, n_lat), 1)
     full_batches = inf.make_batches(task, models, dataset, BATCH_SIZE_THROUGHPUT)
     cuda = system.use_cuda
+    board = _leaderboard_setup(args, system, wall) if args.leaderboard else None
 
     for d in args.decoding:
         generator, options, post = _build_generator(task, models, d, args, name)
@@ -331,12 +370,17 @@ def benchmark_system(args, refs, tok_refs, save_row):
         speed = sentences_per_second(n, thr_watch.total)
         bpe_hyps = [inf.hypothesis_string(h, task.target_dictionary, generator) for h in hyps]
         scores = scoring.score_hypotheses(bpe_hyps, refs, args.tgt_lang, tok_refs)
-        hyp_file = res.hyp_path(args.out, args.benchmark, name, d, args.distilled)
+        hyp_file = res.hyp_path(args.out, args.benchmark, name, d, args.distilled,
+                                board["seed"] if board else None)
         _write_lines(hyp_file, scores.detok_hyps)
+        columns = None
+        if board is not None:
+            columns = _leaderboard_columns(args, board, system, generator, post, name, d, refs, scores,
+                                           latency, speed, counter.calls / n_lat, hyp_file)
         row = res.make_row(
             name, d, args.distilled, scores.bleu, scores.tok_bleu, latency, speed,
             inf.mean_iterations(hyps, generator), scores.repeat_rate, updates, wall,
-            provenance.portable_path(hyp_file), _language_rates(args, scores.detok_hyps),
+            provenance.portable_path(hyp_file), _language_rates(args, scores.detok_hyps), columns,
         )
         logger.info(
             "%s %s: BLEU %.2f (tok %.2f), %.1f ms/sent b1 (%d sent), %.1f sent/s b%d, "
@@ -345,6 +389,87 @@ def benchmark_system(args, refs, tok_refs, save_row):
             row["iterations"], row["repeat_rate"],
         )
         save_row(row, scores.signature)
+
+
+def _leaderboard_setup(args, system, wall):
+    """What every row of a --leaderboard call shares: the valid and blind batches, the valid reference,
+    the training's seed, max-tokens, words/s, initialisation and machine."""
+    from . import inference as inf
+    from . import provenance
+
+    task, models = system.task, system.models
+    valid = inf.load_split(task, args.valid_subset)
+    valid_refs = scoring.read_lines(args.valid_raw_ref)
+    if len(valid_refs) != len(valid):
+        raise SystemExit(f"error: {args.valid_subset} of {args.data_bin} has {len(valid)} sentences but "
+                         f"--valid-raw-ref {args.valid_raw_ref} has {len(valid_refs)} lines")
+    blind = {}
+    for subset in args.blind:
+        data = inf.load_split(task, subset)
+        blind[subset] = (len(data), inf.make_batches(task, models, data, BATCH_SIZE_THROUGHPUT))
+    seed, max_tokens = provenance.training_settings(system.state)
+    seed = args.train_seed if args.train_seed is not None else seed
+    max_tokens = args.train_max_tokens if args.train_max_tokens is not None else max_tokens
+    if seed is None or max_tokens is None:
+        raise SystemExit(f"error: {args.system_ckpt}: no training seed / max-tokens in the checkpoint: "
+                         "pass --train-seed / --train-max-tokens")
+    words = provenance.training_words_from_log(args.train_log) if args.train_log else None
+    return {"valid": (len(valid), inf.make_batches(task, models, valid, BATCH_SIZE_THROUGHPUT)),
+            "valid_refs": valid_refs, "blind": blind, "seed": seed, "max_tokens": max_tokens,
+            "train_wps": (words / wall) if words is not None and wall > 0 else None,
+            "trained_on": args.trained_on or provenance.hardware_description("cpu")}
+
+
+def _speed_baseline(args, name, d, latency, speed):
+    """(batch-1 latency, batch-128 throughput) of --speed-baseline: this row's own when it is the
+    baseline, else the row of --out measured in the same --run-id."""
+    system, _, decoding = args.speed_baseline.partition("/")
+    if (name, d) == (system, decoding):
+        return latency, speed
+    if os.path.exists(args.out):
+        for row in res.load_results(args.out)["rows"]:
+            if (row["system"], row["decoding"]) == (system, decoding) and row.get("run") == args.run_id:
+                return row["latency_ms_b1"], row["sent_per_s_b128"]
+    raise SystemExit(f"error: no row {system} {decoding} of run {args.run_id} in {args.out}: measure the speed "
+                     "baseline first in the same run (--speed-baseline, --run-id)")
+
+
+def _leaderboard_columns(args, board, system, generator, post, name, d, refs, scores, latency, speed, passes,
+                         hyp_file):
+    """The leaderboard columns of one row (valid and blind subsets decoded with the row's generator)."""
+    from . import inference as inf
+    from . import provenance
+
+    task, models, tgt = system.task, system.models, system.task.target_dictionary
+    with __import__("torch").no_grad():
+        n_valid, valid_batches = board["valid"]
+        hyps = inf.in_order(inf.decode(task, generator, models, valid_batches, system.use_cuda,
+                                       postprocess=post), n_valid)
+        valid = scoring.score_hypotheses([inf.hypothesis_string(h, tgt, generator) for h in hyps],
+                                         board["valid_refs"], args.tgt_lang)
+        blind = {}
+        for subset, (n, batches) in board["blind"].items():
+            hyps = inf.in_order(inf.decode(task, generator, models, batches, system.use_cuda, postprocess=post), n)
+            lines = scoring.detokenize([scoring.remove_bpe(inf.hypothesis_string(h, tgt, generator)) for h in hyps],
+                                       args.tgt_lang)
+            path = res.blind_path(args.out, args.benchmark, hyp_file, subset)
+            _write_lines(path, lines)
+            blind[subset] = provenance.portable_path(path)
+    base_latency, base_speed = _speed_baseline(args, name, d, latency, speed)
+    columns = {
+        "chrf": scoring.sacrebleu_chrf(scores.detok_hyps, refs).score,
+        "valid_bleu": valid.bleu,
+        "valid_chrf": scoring.sacrebleu_chrf(valid.detok_hyps, board["valid_refs"]).score,
+        "decoder_passes": passes, "seed": board["seed"], "max_tokens": board["max_tokens"],
+        "train_wps": board["train_wps"], "init": args.init, "trained_on": board["trained_on"],
+        "run": args.run_id, "teacher_latency_ms_b1": base_latency, "teacher_sent_per_s_b128": base_speed,
+        "blind": blind, "command": args.row_command or "",
+    }
+    logger.info("%s %s: chrF %.2f, valid BLEU %.2f chrF %.2f, %.2f decoder passes, speed-up b1 %.2fx b%d %.2fx",
+                name, d, columns["chrf"], columns["valid_bleu"], columns["valid_chrf"], passes,
+                base_latency / latency if latency else 0.0, BATCH_SIZE_THROUGHPUT,
+                speed / base_speed if base_speed else 0.0)
+    return columns
 
 
 def parse_generation_options(items, error):

@@ -15,6 +15,9 @@ Two BLEU numbers are reported for every system:
     dash splitting).  Word-level, case-sensitive, 4-gram BLEU with brevity penalty; it differs from
     ``bleu`` only by the tokenisation of both sides.
 
+``chrf`` (sacreBLEU chrF, default settings: character 6-grams, beta 2, no word n-grams)
+    on the same detokenised hypotheses and raw references as ``bleu`` (:func:`sacrebleu_chrf`).
+
 ``repeat_rate``
     the fraction of output words equal to the previous word of the same sentence (words = whitespace
     tokens of the BPE-removed tokenised text), pooled over the corpus: (number of such words) /
@@ -87,6 +90,16 @@ def sacrebleu_score(detok_hyps, raw_refs):
 
     _check_lengths(detok_hyps, raw_refs)
     metric = BLEU()
+    result = metric.corpus_score(list(detok_hyps), [list(raw_refs)])
+    return BleuScore(float(result.score), str(metric.get_signature()))
+
+
+def sacrebleu_chrf(detok_hyps, raw_refs):
+    """sacreBLEU corpus chrF (default settings) of detokenised hypotheses vs raw references."""
+    from sacrebleu.metrics import CHRF
+
+    _check_lengths(detok_hyps, raw_refs)
+    metric = CHRF()
     result = metric.corpus_score(list(detok_hyps), [list(raw_refs)])
     return BleuScore(float(result.score), str(metric.get_signature()))
 
