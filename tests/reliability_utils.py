@@ -126,3 +126,22 @@ def one_error_line(stderr):
     lines = [line for line in stderr.splitlines() if line.startswith("error: ")]
     assert len(lines) == 1 and "Traceback" not in stderr, stderr[-3000:]
     return lines[0]
+
+
+def inner_logs(text):
+    """{update: train_inner record without its timings} from a json-format fairseq-train log."""
+    import json
+    import re
+
+    out = {}
+    for m in re.finditer(r"\| train_inner \| (\{.*\})\s*$", text, re.M):
+        rec = json.loads(m.group(1))
+        out[int(rec["num_updates"])] = {k: v for k, v in rec.items() if k not in ("wps", "ups", "wall", "train_wall")}
+    return out
+
+
+def checkpoint_params(path):
+    """The model state dict of a fairseq checkpoint (loaded with the plugin's allow-list)."""
+    from fairseq import checkpoint_utils
+
+    return checkpoint_utils.load_checkpoint_to_cpu(str(path))["model"]

@@ -1,6 +1,5 @@
 """The NAT leaderboard: its columns in the results schema, the harness's --leaderboard run (chrF, valid,
 unseen test sets, the speed baseline of the same run), the table, the chart and the README block."""
-import copy
 import os
 import shutil
 import subprocess

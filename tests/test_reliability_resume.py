@@ -9,7 +9,6 @@ fairseq copies each new checkpoint to checkpoint_last.pt non-atomically; a kill 
 simulated by truncating checkpoint_last.pt: fairseq_nat_ext/checkpoint_resume.py (used by the recipes)
 then resumes from the newest intact checkpoint and says so.
 """
-import json
 import os
 import re
 import shutil
@@ -22,7 +21,7 @@ import pytest
 import torch
 
 from conftest import PLUGIN_DIR, ROOT, cli_env, run_cli
-from reliability_utils import popen_cli, train_args
+from reliability_utils import checkpoint_params as _params, inner_logs as _inner_logs, popen_cli, train_args
 
 from fairseq_nat_ext import checkpoint_resume
 
@@ -34,21 +33,6 @@ def _args(data_bin, save_dir):
     return train_args(data_bin, "mask_predict", save_dir, "--max-tokens", "100", "--save-interval-updates", "3",
                       "--keep-interval-updates", "2", "--log-format", "json", "--log-interval", "1",
                       "--seed", "3", "--dropout", "0.1", updates=MAX_UPDATE)
-
-
-def _inner_logs(text):
-    """{update: train_inner record} from a json-format fairseq log."""
-    out = {}
-    for m in re.finditer(r"\| train_inner \| (\{.*\})\s*$", text, re.M):
-        rec = json.loads(m.group(1))
-        out[int(rec["num_updates"])] = {k: v for k, v in rec.items() if k not in ("wps", "ups", "wall", "train_wall")}
-    return out
-
-
-def _params(path):
-    from fairseq import checkpoint_utils
-
-    return checkpoint_utils.load_checkpoint_to_cpu(str(path))["model"]
 
 
 def _updates(path):

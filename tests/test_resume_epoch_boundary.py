@@ -8,7 +8,6 @@ resumed at epoch e trains on batches built under seed + e, where the uninterrupt
 of epoch 1, and sentences of equal length change batches.  The toy corpus has many such ties.  The
 kept tail batch (``keep_last_batch``) is part of every epoch of both runs.
 """
-import json
 import re
 import shutil
 
@@ -16,7 +15,7 @@ import pytest
 import torch
 
 from conftest import PLUGIN_DIR, run_cli
-from reliability_utils import SMALL_DIMS
+from reliability_utils import SMALL_DIMS, checkpoint_params as _model, inner_logs as _inner_logs
 
 pytestmark = pytest.mark.slow  # four tiny trainings of three epochs each
 
@@ -32,20 +31,6 @@ def _args(data_bin, arch, save_dir):
             "--lr", "1e-3", "--max-tokens", "150", "--num-workers", "0", "--seed", "2", "--dropout", "0.1",
             "--max-epoch", "3", "--disable-validation", "--log-format", "json", "--log-interval", "1",
             "--save-dir", str(save_dir)]
-
-
-def _inner_logs(text):
-    out = {}
-    for m in re.finditer(r"\| train_inner \| (\{.*\})\s*$", text, re.M):
-        rec = json.loads(m.group(1))
-        out[int(rec["num_updates"])] = {k: v for k, v in rec.items() if k not in ("wps", "ups", "wall", "train_wall")}
-    return out
-
-
-def _model(path):
-    from fairseq import checkpoint_utils
-
-    return checkpoint_utils.load_checkpoint_to_cpu(str(path))["model"]
 
 
 @pytest.mark.parametrize("arch", sorted(FLAGS))
