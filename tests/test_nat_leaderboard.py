@@ -179,3 +179,15 @@ def test_recipe_defaults_are_the_leaderboard_budget():
     text = (REPO / "examples" / "lib" / "train_nat.sh").read_text()
     assert 'MAX_UPDATE="${MAX_UPDATE:-1000}"' in text and 'MAX_TOKENS="${MAX_TOKENS:-4096}"' in text
     assert 'LR="${LR:-1e-3}"' in text and 'WARMUP="${WARMUP:-400}"' in text
+
+
+def test_glat_and_dag_decoding_keys():
+    from fairseq_nat_ext.evaluation import decoding as dec
+
+    assert dec.canonical_decoding("beam=1,glat=0.5-0.3") == "glat=0.5-0.3,beam=1"
+    gen, task, info = dec.split_options(dec.parse_decoding("glat=0.5-0.3,decoder=viterbi"))
+    assert gen == {"decoder": "viterbi"} and info == {"glat": "0.5-0.3"} and task == {}
+    assert dec.generation_options(gen).dag_decoder == "viterbi"
+    for bad in ("glat=0.5", "glat=a-b", "decoder=fast"):
+        with pytest.raises(ValueError):
+            dec.parse_decoding(bad)

@@ -6,6 +6,8 @@ A decoding string is ``key=value`` pairs joined by commas without spaces, e.g. `
 ==============  ===============================  =======  ==========================================
 key             fairseq option                   type     used by
 ==============  ===============================  =======  ==========================================
+``glat``        (checked: the checkpoint's)      str      glancing training: ``START-END`` ratios
+                                                          (``--glat-ratio-start`` / ``--glat-ratio-end``)
 ``beam``        ``--beam``                       int      autoregressive beam search
 ``lenpen``      ``--lenpen``                     float    autoregressive beam search
 ``max_len_a``   ``--max-len-a``                  float    autoregressive beam search
@@ -28,8 +30,13 @@ key             fairseq option                   type     used by
 ``softmax``     (checked: the checkpoint's)      choice   Insertion: ``slot`` p(c | l) or ``joint`` p(c, l)
 ``dedup``       task ``--collapse-repeats``      bool     any system: consecutive repeated tokens of each
                                                           hypothesis collapsed (by the harness)
+``decoder``     ``--dag-decoder``                choice   DA-Transformer: ``greedy``, ``lookahead``,
+                                                          ``viterbi``, ``beam`` or ``sample``
 ==============  ===============================  =======  ==========================================
 
+``glat`` names a glancing-trained row (the harness checks it against the checkpoint's
+``--glat-ratio-start``/``--glat-ratio-end``); ``decoder`` is set on the generation options as
+``dag_decoder`` (the DA-Transformer generator reads it there before the task's ``--dag-decoder``).
 ``order`` is set on the task's config before its generator is built.  ``dir``, ``loss``, ``rollin``
 and ``softmax`` set nothing: they name the row, and the harness checks them against the run
 (``--src-lang``/``--tgt-lang``; the checkpoint's ``--insertion-loss``; its ``--levt-rollin``, fairseq's
@@ -58,6 +65,7 @@ import re
 
 # key -> (fairseq option name, type, kind)
 KEYS = {
+    "glat": (None, str, "info"),
     "beam": ("beam", int, "ar"),
     "lenpen": ("lenpen", float, "ar"),
     "max_len_a": ("max_len_a", float, "ar"),
@@ -77,11 +85,14 @@ KEYS = {
     "rollin": (None, str, "info"),
     "softmax": (None, str, "info"),
     "dedup": ("collapse_repeats", bool, "post"),
+    "decoder": ("dag_decoder", str, "nat"),
 }
 #: allowed values of the string keys (the others: one word)
 CHOICES = {"fertility": ("aligner", "attention"), "order": ("parallel", "sequential"), "rank": ("total", "mean"),
            "loss": ("binary_tree", "uniform"), "rollin": ("paper", "fairseq"),
-           "softmax": ("slot", "joint")}
+           "softmax": ("slot", "joint"), "decoder": ("greedy", "lookahead", "viterbi", "beam", "sample")}
+#: keys whose value has its own form (checked by the pattern instead of the one-word rule)
+PATTERNS = {"glat": re.compile(r"^\d+(?:\.\d+)?-\d+(?:\.\d+)?$")}
 _WORD_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
 #: integer keys whose smallest value is 0 (the others: 1)
 ZERO_OK = ("max_len_b", "iter")
@@ -101,6 +112,10 @@ def _parse_value(key, text):
     if typ is str:
         if key in CHOICES and text not in CHOICES[key]:
             raise ValueError(f"decoding: {key}={text}: expected one of {', '.join(CHOICES[key])}")
+        if key in PATTERNS:
+            if not PATTERNS[key].match(text):
+                raise ValueError(f"decoding: {key}={text}: expected START-END ratios, e.g. 0.5-0.3")
+            return text
         if not _WORD_RE.match(text):
             raise ValueError(f"decoding: {key}={text}: expected a word (letters, digits, - and _)")
         return text

@@ -504,6 +504,15 @@ def _check_info(info, args, model, d):
     """``dir`` must be the benchmarked direction, ``loss`` the checkpoint's insertion loss, ``rollin``
     the checkpoint's Levenshtein roll-in, ``softmax`` its insertion softmax."""
     margs = getattr(model, "args", None)
+    if "glat" in info:
+        start, end = (getattr(margs, f"glat_ratio_{k}", None) for k in ("start", "end"))
+        if not start:
+            raise SystemExit(f"error: decoding {d}: glat= names a glancing-trained row but the checkpoint was "
+                             "trained without glancing (--glat-ratio-start)")
+        want = tuple(float(x) for x in info["glat"].split("-"))
+        if want != (float(start), float(end if end is not None else start)):
+            raise SystemExit(f"error: decoding {d}: glat={info['glat']} but the checkpoint was trained with "
+                             f"--glat-ratio-start {start} --glat-ratio-end {end}")
     if "softmax" in info:
         from ..models.nat.insertion import insertion_softmax
 
