@@ -35,8 +35,9 @@
 #   SEED          training seed (default 1)
 #   TRAINED_ON    the machine the row's training ran on (default: this one; say so when it was a GPU)
 #   RUN_ID        id of this measuring run (default: the UTC time)
-#   the shared ones of examples/benchmark/lib.sh (TEACHER_CKPT, THREADS, LATENCY_SENTENCES, LIMIT, CUDA, OUT
-#   (default benchmarks/results/nat_leaderboard.json), DOCS)
+#   the shared ones of examples/benchmark/lib.sh (TEACHER_CKPT, THREADS, LATENCY_SENTENCES, LIMIT (smoke
+#   tests: the valid and unseen sets are cut too), CUDA, OUT (default benchmarks/results/nat_leaderboard.json;
+#   the chart is drawn beside it), DOCS (all: regenerate the docs and the README's table; none: not))
 # Hypotheses: benchmarks/results/nat_leaderboard/<row file>.txt, and for the unseen test sets
 # benchmarks/results/nat_leaderboard/blind/<row file>.<set>.txt (one line per source line).
 set -euo pipefail
@@ -123,7 +124,7 @@ prepare_blind() {  # $LB/data-bin: DATA's files linked, plus the unseen test set
     fi
     for f in "$bin"/*; do ln -sfn "$f" "$out/"; done
     for s in "${BLIND_SETS[@]}"; do
-        n="test$( ((i > 0)) && echo "$i")"
+        n=test; if ((i > 0)); then n+="$i"; fi
         for e in bin idx; do ln -sfn "$b/bin/$n.en-de.en.$e" "$out/$s.en-de.en.$e"; done
         i=$((i + 1))
     done
@@ -205,6 +206,7 @@ fi
 if [[ "$MODE" != train ]]; then
     measure_row teacher  # the speed baseline of this run, measured first
     for r in "$@"; do [[ "$r" == teacher ]] || measure_row "$r"; done
-    "$PYTHON" -m benchmarks.leaderboard "$OUT" --chart >&2 || echo "[$NAME] chart not drawn (see above)" >&2
-    "$PYTHON" -m benchmarks.tables --update-all >&2
+    "$PYTHON" -m benchmarks.leaderboard "$OUT" --chart "${OUT%.json}.png" >&2 \
+        || echo "[$NAME] chart not drawn (see above)" >&2
+    if [[ "$DOCS" == all ]]; then "$PYTHON" -m benchmarks.tables --update-all >&2; fi
 fi

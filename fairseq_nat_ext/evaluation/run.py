@@ -78,7 +78,8 @@ def build_parser():
     p.add_argument("--warmup-sentences", type=int, default=5,
                    help="untimed warm-up before each timing: batch 1 on the first N sentences, and "
                         "one batch of the throughput batch size (default 5; 0 = none)")
-    p.add_argument("--limit", type=int, help="benchmark only the first N sentences (smoke tests)")
+    p.add_argument("--limit", type=int, help="benchmark only the first N sentences (smoke tests; with "
+                   "--leaderboard also of the valid and unseen subsets)")
     p.add_argument("--reference-row", action="store_true",
                    help="add the reference row (bleu 100, repeat rate of the reference)")
     p.add_argument("--valid-tune", action="store_true",
@@ -331,6 +332,10 @@ def benchmark_system(args, refs, tok_refs, save_row):
     full_batches = inf.make_batches(task, models, dataset, BATCH_SIZE_THROUGHPUT)
     cuda = system.use_cuda
     board = _leaderboard_setup(args, system, wall) if args.leaderboard else None
+    if board is not None:  # the speed baseline first, so the other decodings of this call can use it
+        base_system, _, base_decoding = args.speed_baseline.partition("/")
+        if name == base_system and base_decoding in args.decoding:
+            args.decoding = [base_decoding] + [d for d in args.decoding if d != base_decoding]
 
     for d in args.decoding:
         generator, options, post = _build_generator(task, models, d, args, name)
@@ -398,14 +403,15 @@ def _leaderboard_setup(args, system, wall):
     from . import provenance
 
     task, models = system.task, system.models
-    valid = inf.load_split(task, args.valid_subset)
-    valid_refs = scoring.read_lines(args.valid_raw_ref)
+    # --limit (smoke tests) cuts the valid and unseen subsets too
+    valid = inf.prefix_dataset(inf.load_split(task, args.valid_subset), args.limit)
+    valid_refs = scoring.read_lines(args.valid_raw_ref)[: args.limit or None]
     if len(valid_refs) != len(valid):
         raise SystemExit(f"error: {args.valid_subset} of {args.data_bin} has {len(valid)} sentences but "
                          f"--valid-raw-ref {args.valid_raw_ref} has {len(valid_refs)} lines")
     blind = {}
     for subset in args.blind:
-        data = inf.load_split(task, subset)
+        data = inf.prefix_dataset(inf.load_split(task, subset), args.limit)
         blind[subset] = (len(data), inf.make_batches(task, models, data, BATCH_SIZE_THROUGHPUT))
     seed, max_tokens = provenance.training_settings(system.state)
     seed = args.train_seed if args.train_seed is not None else seed
@@ -463,7 +469,7 @@ def _leaderboard_columns(args, board, system, generator, post, name, d, refs, sc
         "decoder_passes": passes, "seed": board["seed"], "max_tokens": board["max_tokens"],
         "train_wps": board["train_wps"], "init": args.init, "trained_on": board["trained_on"],
         "run": args.run_id, "teacher_latency_ms_b1": base_latency, "teacher_sent_per_s_b128": base_speed,
-        "blind": blind, "command": args.row_command or "",
+        "blind": blind, "command": provenance.portable_text(args.row_command) or "",
     }
     logger.info("%s %s: chrF %.2f, valid BLEU %.2f chrF %.2f, %.2f decoder passes, speed-up b1 %.2fx b%d %.2fx",
                 name, d, columns["chrf"], columns["valid_bleu"], columns["valid_chrf"], passes,
