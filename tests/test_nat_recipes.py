@@ -21,6 +21,7 @@ RECIPES = [
     ("train_fertility.sh", {"IMPL": "fairseq"}),
     ("train_refinement.sh", {"STEPS": "2"}),
     ("train_refinement.sh", {"IMPL": "fairseq", "STEPS": "2"}),
+    ("train_da_transformer.sh", {}),
 ]
 
 

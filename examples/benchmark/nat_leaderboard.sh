@@ -25,6 +25,9 @@
 #   fs_refinement  IMPL=fairseq train_refinement.sh                 iter=10
 #   fertility      train_fertility.sh                               NPD 1, NPD 10 (teacher-ranked)
 #   fs_nat         IMPL=fairseq train_fertility.sh                  iter=0; iter=0,len_beam=5,reranker=1
+#   da_transformer train_da_transformer.sh (GLAT 0.5-0.1)           decoder=lookahead, decoder=viterbi
+#   dat_raw        the same on the raw (not distilled) data          the same
+#   ctc_raw        train_ctc.sh on the raw data (dat_raw's baseline) beam=1, beam=5
 # A row's seed is SEED (default 1): its checkpoint lives in $RUNS/leaderboard/<ROW>_s<SEED>/ and a
 # seed other than 1 is a row of its own (the spread of the table).
 #
@@ -59,7 +62,7 @@ PY_BIN="$(dirname "$PYTHON")"
 [[ "$PY_BIN" == . ]] || export PATH="$PY_BIN:$PATH"
 
 ROWS=(teacher ctc imputer mask_predict cmlm levenshtein fs_levenshtein insertion fs_insertion kermit
-      refinement fs_refinement fertility fs_nat)
+      refinement fs_refinement fertility fs_nat da_transformer dat_raw ctc_raw)
 
 spec() {  # spec ROW -> RECIPE, ENVS (array), DECODINGS (array), INIT, DATA (distill|raw), CKPT, GENOPTS, PATHS
     RECIPE=""; ENVS=(); DECODINGS=(); INIT="teacher"; DATA=distill; GENOPTS=(); SUFFIX=""
@@ -82,6 +85,9 @@ spec() {  # spec ROW -> RECIPE, ENVS (array), DECODINGS (array), INIT, DATA (dis
         fertility) RECIPE=train_fertility.sh; GENOPTS=(--generation-option "npd_teacher=$TEACHER_CKPT")
                    DECODINGS=(fertility=aligner,npd=1,rank=total fertility=aligner,npd=10,rank=total) ;;
         fs_nat) RECIPE=train_fertility.sh; ENVS=(IMPL=fairseq); DECODINGS=(iter=0 iter=0,len_beam=5,reranker=1) ;;
+        da_transformer) RECIPE=train_da_transformer.sh; DECODINGS=(glat=0.5-0.1,decoder=lookahead glat=0.5-0.1,decoder=viterbi) ;;
+        dat_raw) RECIPE=train_da_transformer.sh; DATA=raw; DECODINGS=(glat=0.5-0.1,decoder=lookahead glat=0.5-0.1,decoder=viterbi) ;;
+        ctc_raw) RECIPE=train_ctc.sh; DATA=raw; DECODINGS=(beam=1 beam=5) ;;
         *) die "unknown row '$1' (rows: ${ROWS[*]})" ;;
     esac
     SAVE="$LB/${1}_s$SEED"

@@ -71,6 +71,7 @@ DEFAULT_DECODING = {
     "imputer": "block=4",
     "nat_fertility": "npd=1",
     "iterative_refinement": "iter=10",
+    "da_transformer": "decoder=lookahead",
     # fairseq's own
     "cmlm_transformer": "iter=10,len_beam=3",
     "levenshtein_transformer": "iter=10",

@@ -5,3 +5,4 @@ from .ctc_nat import CTCGenerator  # noqa: F401
 from .imputer import ImputerGenerator  # noqa: F401
 from .nat_fertility import NPDGenerator  # noqa: F401
 from .iterative_refinement import RefinementGenerator  # noqa: F401
+from .da_transformer import DAGenerator  # noqa: F401

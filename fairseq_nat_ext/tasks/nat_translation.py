@@ -78,6 +78,26 @@ class NATTranslationConfig(TranslationConfig):
                           "log-probabilities, 'total' (the sum: the teacher's log p(y|x), as Gu et al. 2018 "
                           "rank noisy parallel decoding candidates) or 'mean' (length-normalised)"},
     )
+    dag_decoder: str = field(
+        default="lookahead",
+        metadata={"help": "da_transformer decoding: greedy, lookahead, viterbi (joint Viterbi, Shao et al. "
+                          "2022), beam or sample (rescored by --npd-teacher when given)"},
+    )
+    dag_viterbi_lenpen: float = field(
+        default=1.0,
+        metadata={"help": "da_transformer viterbi/beam/sample: the hypothesis of highest "
+                          "log P(path, tokens) / M^alpha is returned (M: its tokens with <s> and </s>)"},
+    )
+    dag_beam_size: int = field(
+        default=5, metadata={"help": "da_transformer --dag-decoder beam: hypotheses kept per step"},
+    )
+    dag_sample_size: int = field(
+        default=8, metadata={"help": "da_transformer --dag-decoder sample: candidates per sentence (the "
+                                     "lookahead output and s-1 sampled paths)"},
+    )
+    dag_topk: int = field(
+        default=5, metadata={"help": "da_transformer beam/sample: tokens considered at each vertex"},
+    )
     collapse_repeats: bool = field(
         default=False,
         metadata={"help": "remove consecutive repeated target tokens (BPE units) from every hypothesis, a "
