@@ -19,12 +19,10 @@ DATA_BIN="$1"; SAVE_DIR="$2"; shift 2
 EXTRA=("$@")
 RATIO="${RATIO:-8}"
 [[ "$RATIO" =~ ^[1-9][0-9]*$ ]] || { echo "error: RATIO must be an integer >= 1, got '$RATIO'" >&2; exit 1; }
-GLAT="${GLAT:-0.5-0.1}"
-NUM='(0(\.[0-9]+)?|1(\.0+)?|\.[0-9]+)'
-[[ "$GLAT" =~ ^${NUM}-${NUM}$ ]] ||
-  { echo "error: GLAT must be START-END with both in [0, 1], e.g. 0.5-0.1, got '$GLAT'" >&2; exit 1; }
+# shellcheck source=lib/glancing.sh
+source "$SCRIPT_DIR/lib/glancing.sh" 0.5-0.1
 LABEL_SMOOTHING="${LABEL_SMOOTHING:-0}"
 SYS=(--task nat_translation --arch da_transformer --criterion dag_loss)
-NAT_EXTRA=(--dag-upsample-ratio "$RATIO" --glat-ratio-start "${GLAT%-*}" --glat-ratio-end "${GLAT#*-}")
+NAT_EXTRA=(--dag-upsample-ratio "$RATIO" "${GLAT_ARGS[@]}")
 # shellcheck source=lib/train_nat.sh
 source "$SCRIPT_DIR/lib/train_nat.sh"

@@ -16,12 +16,14 @@ RECIPES = [
     ("train_insertion.sh", {"IMPL": "fairseq"}),
     ("train_kermit.sh", {"SRC": "src", "TGT": "tgt"}),
     ("train_ctc.sh", {}),
+    ("train_ctc.sh", {"GLAT": "0.5-0.3"}),
     ("train_imputer.sh", {}),
     ("train_fertility.sh", {"FERTILITY": "aligner", "MAX_FERTILITY": "8"}),
     ("train_fertility.sh", {"IMPL": "fairseq"}),
     ("train_refinement.sh", {"STEPS": "2"}),
     ("train_refinement.sh", {"IMPL": "fairseq", "STEPS": "2"}),
     ("train_da_transformer.sh", {}),
+    ("train_glat.sh", {}),
 ]
 
 

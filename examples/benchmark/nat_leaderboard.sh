@@ -28,6 +28,8 @@
 #   da_transformer train_da_transformer.sh (GLAT 0.5-0.1)           decoder=lookahead, decoder=viterbi
 #   dat_raw        the same on the raw (not distilled) data          the same
 #   ctc_raw        train_ctc.sh on the raw data (dat_raw's baseline) beam=1, beam=5
+#   glat           train_glat.sh (GLAT 0.5-0.3)                     len_beam=3 (one pass)
+#   glat_ctc       GLAT=0.5-0.3 train_ctc.sh (GLAT+CTC)             beam=1, beam=5
 # A row's seed is SEED (default 1): its checkpoint lives in $RUNS/leaderboard/<ROW>_s<SEED>/ and a
 # seed other than 1 is a row of its own (the spread of the table).
 #
@@ -62,7 +64,7 @@ PY_BIN="$(dirname "$PYTHON")"
 [[ "$PY_BIN" == . ]] || export PATH="$PY_BIN:$PATH"
 
 ROWS=(teacher ctc imputer mask_predict cmlm levenshtein fs_levenshtein insertion fs_insertion kermit
-      refinement fs_refinement fertility fs_nat da_transformer dat_raw ctc_raw)
+      refinement fs_refinement fertility fs_nat da_transformer dat_raw ctc_raw glat glat_ctc)
 
 spec() {  # spec ROW -> RECIPE, ENVS (array), DECODINGS (array), INIT, DATA (distill|raw), CKPT, GENOPTS, PATHS
     RECIPE=""; ENVS=(); DECODINGS=(); INIT="teacher"; DATA=distill; GENOPTS=(); SUFFIX=""
@@ -88,6 +90,8 @@ spec() {  # spec ROW -> RECIPE, ENVS (array), DECODINGS (array), INIT, DATA (dis
         da_transformer) RECIPE=train_da_transformer.sh; DECODINGS=(glat=0.5-0.1,decoder=lookahead glat=0.5-0.1,decoder=viterbi) ;;
         dat_raw) RECIPE=train_da_transformer.sh; DATA=raw; DECODINGS=(glat=0.5-0.1,decoder=lookahead glat=0.5-0.1,decoder=viterbi) ;;
         ctc_raw) RECIPE=train_ctc.sh; DATA=raw; DECODINGS=(beam=1 beam=5) ;;
+        glat) RECIPE=train_glat.sh; DECODINGS=(glat=0.5-0.3,len_beam=3) ;;
+        glat_ctc) RECIPE=train_ctc.sh; ENVS=(GLAT=0.5-0.3); DECODINGS=(glat=0.5-0.3,beam=1 glat=0.5-0.3,beam=5) ;;
         *) die "unknown row '$1' (rows: ${ROWS[*]})" ;;
     esac
     SAVE="$LB/${1}_s$SEED"

@@ -9,3 +9,4 @@ from . import pointer_cross_entropy  # noqa: F401
 from . import nat_fertility_loss  # noqa: F401
 from . import iterative_refinement_loss  # noqa: F401
 from . import dag_loss  # noqa: F401
+from . import glat_loss  # noqa: F401

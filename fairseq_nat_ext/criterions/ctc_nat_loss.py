@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from fairseq import metrics
 from fairseq.criterions import register_criterion
 
-from .nat_base import NATLossBase, NATLossConfig
+from .glancing import GlancingLossConfig, GlancingMixin
+from .nat_base import NATLossBase
 
 COUNT_KEYS = ("ctc_filtered", "ctc_pairs")
 
@@ -67,6 +68,15 @@ class CTCLossBase(NATLossBase):
                 metrics.log_scalar_sum(key, sum(log.get(key, 0) for log in logging_outputs))
 
 
-@register_criterion("ctc_nat_loss", dataclass=NATLossConfig)
-class CTCNATLoss(CTCLossBase):
-    pass
+@register_criterion("ctc_nat_loss", dataclass=GlancingLossConfig)
+class CTCNATLoss(GlancingMixin, CTCLossBase):
+    """``--glat-ratio-start/--glat-ratio-end``: glancing over the best CTC alignment (GLAT+CTC)."""
+
+    def __init__(self, task, label_smoothing=0.1, glat_ratio_start=0.0, glat_ratio_end=None, max_update=0):
+        super().__init__(task, label_smoothing)
+        self.init_glancing("ctc_nat_loss", glat_ratio_start, glat_ratio_end, max_update)
+
+    @classmethod
+    def reduce_metrics(cls, logging_outputs) -> None:
+        super().reduce_metrics(logging_outputs)
+        GlancingMixin.reduce_glancing(logging_outputs)

@@ -29,36 +29,25 @@ between the target and the argmax tokens on that path, and reveals round(ratio *
 trained pass.  The ratio goes linearly from R0 to R1 over ``--max-update`` (R0 throughout without one).
 """
 from dataclasses import dataclass, field
-from typing import Optional
 
 import torch
 from fairseq import metrics
 from fairseq.criterions import register_criterion
-from fairseq.dataclass import FairseqDataclass
-from omegaconf import II
 from torch.utils.checkpoint import checkpoint
 
 from ..compat import InputError
+from .glancing import GlancingLossConfig, GlancingMixin
 from .nat_base import NATLossBase
 
-COUNT_KEYS = ("dag_filtered", "dag_pairs", "glat_revealed")
+COUNT_KEYS = ("dag_filtered", "dag_pairs")
 NEG_INF = float("-inf")
 
 
 @dataclass
-class DAGLossConfig(FairseqDataclass):
+class DAGLossConfig(GlancingLossConfig):
     label_smoothing: float = field(
         default=0.0, metadata={"help": "must be 0: the DA-Transformer is trained without label smoothing"}
     )
-    glat_ratio_start: float = field(
-        default=0.0, metadata={"help": "glancing: share of the best path's wrong vertices revealed at the "
-                                       "first update (0 = no glancing)"}
-    )
-    glat_ratio_end: Optional[float] = field(
-        default=None, metadata={"help": "glancing: the share at --max-update (linear; default: the start "
-                                        "value throughout)"}
-    )
-    max_update: int = II("optimization.max_update")
 
 
 def upcast(x):
@@ -151,36 +140,13 @@ def dag_best_alignment(match, links, graph_lengths, target_lengths):
 
 
 @register_criterion("dag_loss", dataclass=DAGLossConfig)
-class DAGLoss(NATLossBase):
+class DAGLoss(GlancingMixin, NATLossBase):
     def __init__(self, task, label_smoothing=0.0, glat_ratio_start=0.0, glat_ratio_end=None, max_update=0):
         super().__init__(task, label_smoothing)
         if label_smoothing != 0:
             raise InputError(f"dag_loss: --label-smoothing must be 0 (the DA-Transformer trains without it), "
                              f"got {label_smoothing}")
-        end = glat_ratio_start if glat_ratio_end is None else glat_ratio_end
-        for name, v in (("--glat-ratio-start", glat_ratio_start), ("--glat-ratio-end", end)):
-            if not 0.0 <= v <= 1.0:
-                raise InputError(f"dag_loss: {name} must be in [0, 1], got {v}")
-        self.glat_start, self.glat_end, self.max_update = float(glat_ratio_start), float(end), int(max_update or 0)
-        self.num_updates = 0
-
-    def forward(self, model, sample, reduce=True):
-        self.num_updates = int(getattr(model, "num_updates", 0) or 0)  # the task sets it on the model
-        return super().forward(model, sample, reduce=reduce)
-
-    def glat_ratio(self):
-        """The glancing ratio at the current update (linear from start to end over --max-update)."""
-        if self.max_update <= 0:
-            return self.glat_start
-        t = min(1.0, self.num_updates / self.max_update)
-        return self.glat_start + t * (self.glat_end - self.glat_start)
-
-    def model_inputs(self, sample):
-        inputs = super().model_inputs(sample)
-        ratio = self.glat_ratio()
-        if ratio > 0 and self.training:
-            inputs["glat_ratio"] = ratio
-        return inputs
+        self.init_glancing("dag_loss", glat_ratio_start, glat_ratio_end, max_update)
 
     def part_loss(self, name, part):
         if "dag_lprobs" not in part:
@@ -188,8 +154,6 @@ class DAGLoss(NATLossBase):
         graph_lengths, targets, tgt_lengths = part["graph_lengths"], part["targets"], part["target_lengths"]
         keep = tgt_lengths <= graph_lengths
         log = {"dag_filtered": int((~keep).sum()), "dag_pairs": int(keep.numel())}
-        if "glat_revealed" in part:
-            log["glat_revealed"] = part["glat_revealed"]
         lp = part["dag_lprobs"]
         if not bool(keep.any()):
             zero = lp.sum() * 0.0 + part["links"].masked_fill(~torch.isfinite(part["links"]), 0).sum() * 0.0
@@ -205,6 +169,7 @@ class DAGLoss(NATLossBase):
     @classmethod
     def reduce_metrics(cls, logging_outputs) -> None:
         NATLossBase.reduce_metrics(logging_outputs)
+        GlancingMixin.reduce_glancing(logging_outputs)
         for key in COUNT_KEYS:
             if any(key in log for log in logging_outputs):
                 metrics.log_scalar_sum(key, sum(log.get(key, 0) for log in logging_outputs))

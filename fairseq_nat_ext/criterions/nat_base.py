@@ -5,7 +5,8 @@ either ``{"out": logits (..., V), "tgt": (...), "mask": bool (...) or None, "fac
 label-smoothed cross-entropy over the selected positions, averaged over them) or a precomputed
 ``{"loss": scalar, "nll_loss": scalar, "factor": w}``.  Like fairseq's NAT criterion the total is a
 weighted sum of per-part means with ``sample_size = 1``.  A subclass' ``part_loss`` may return a third
-element, a dict of extra logging values (e.g. counts, summed by its ``reduce_metrics``).
+element, a dict of extra logging values (e.g. counts, summed by its ``reduce_metrics``).  A part's
+``glat_revealed`` (glancing) is copied to the log.
 """
 import math
 from dataclasses import dataclass, field
@@ -80,6 +81,8 @@ class NATLossBase(FairseqCriterion):
             loss, nll, *extra = self.part_loss(name, part)
             if extra:
                 log.update(extra[0])
+            if "glat_revealed" in part:  # glancing (criterions/glancing.py): positions revealed
+                log["glat_revealed"] = log.get("glat_revealed", 0) + int(part["glat_revealed"])
             factor = self.part_factor(name, part)
             total = total + factor * loss
             total_nll = total_nll + factor * nll

@@ -72,6 +72,7 @@ DEFAULT_DECODING = {
     "nat_fertility": "npd=1",
     "iterative_refinement": "iter=10",
     "da_transformer": "decoder=lookahead",
+    "glat": "len_beam=3",
     # fairseq's own
     "cmlm_transformer": "iter=10,len_beam=3",
     "levenshtein_transformer": "iter=10",

@@ -6,3 +6,4 @@ from .imputer import ImputerGenerator  # noqa: F401
 from .nat_fertility import NPDGenerator  # noqa: F401
 from .iterative_refinement import RefinementGenerator  # noqa: F401
 from .da_transformer import DAGenerator  # noqa: F401
+from .glat import GLATGenerator  # noqa: F401

@@ -7,3 +7,4 @@ from . import imputer  # noqa: F401
 from . import nat_fertility  # noqa: F401
 from . import iterative_refinement  # noqa: F401
 from . import da_transformer  # noqa: F401
+from . import glat  # noqa: F401

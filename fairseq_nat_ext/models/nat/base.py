@@ -53,6 +53,11 @@ class PluginNATModel(FairseqNATModel):
     def mask_idx(self):
         return self.decoder.mask_idx
 
+    def set_num_updates(self, num_updates):
+        """Kept on the model: glancing criteria (criterions/glancing.py) read it for their schedule."""
+        self.num_updates = num_updates
+        super().set_num_updates(num_updates)
+
     def target_limit(self):
         """(longest dataset target, ``</s>`` included, the model can produce; the option that sets it).
         Decoder sequences hold ``<s>`` ... ``</s>`` (edit models) or the content within

@@ -8,7 +8,9 @@ included) gives an alignment of L = r * n positions; padding is moved behind the
 Transformer decoder without the causal mask whose input at position t is the t-th upsampled state
 plus its position embedding; it attends to the encoder and predicts, per position, a token or
 ``<blank>``.  Loss: CTC (criterion ``ctc_nat_loss``).  Output: the collapsed alignment (merge repeats,
-drop blanks; ``generators/ctc_nat.py``), no length prediction.
+drop blanks; ``generators/ctc_nat.py``), no length prediction.  Glancing (GLAT+CTC): the criterion's
+``--glat-ratio-start/--glat-ratio-end`` (:meth:`CTCNATModel.glance`); the CTC loss is then taken on the
+whole target, as in the GLAT+CTC systems (CTC's marginal has no per-token positions to leave out).
 
 ``<blank>``: the model appends a ``<blank>`` symbol to the task's dictionaries when it is built (after
 ``<mask>``).  It is not added by the task for every NAT model, so the embeddings of existing
@@ -29,9 +31,10 @@ from fairseq.models.transformer import base_architecture as transformer_base_arc
 from ...compat import InputError
 from ...modules import nat_decoder_inference as fast
 from ...modules.vocab_projection import vocab_logits
-from ...oracles.ctc_alignment import ctc_feasible
+from ...oracles.ctc_alignment import ctc_best_alignment, ctc_feasible
 from ...tasks.nat_translation import BLANK_SYMBOL, MASK_SYMBOL
 from .base import SMALL, TINY, PluginNATModel, arch_defaults
+from .glancing import glanced_tokens, glancing_reveal
 from .mask_predict import content_target
 
 
@@ -88,19 +91,21 @@ class CTCDecoder(FairseqNATDecoder):
         return torch.arange(L, device=lengths.device).unsqueeze(0) >= lengths.unsqueeze(1)
 
     def forward(self, encoder_out, alignment=None, normalize=False, select=None, upsampled=None,
-                cross=None, **unused):
+                cross=None, glanced=None, **unused):
         """-> per-position logits (B, L, V) (log-probs with ``normalize``).
 
         alignment (B, L): the observed alignment (tokens, ``<blank>``, ``<mask>``, padding) added to
         the upsampled states (the Imputer); None for plain CTC.  ``upsampled``: the result of
         :meth:`upsample` when the caller already has it.  With ``select`` (bool (B, L)) only the
         selected positions are projected to the vocabulary: (K, V) in row-major order.  ``cross``:
-        see :meth:`features`."""
-        x = self.features(encoder_out, alignment=alignment, select=select, upsampled=upsampled, cross=cross)
+        see :meth:`features`.  ``glanced`` (B, L) long: glancing -- the symbols (tokens or ``<blank>``) whose
+        embeddings replace the upsampled state at the revealed positions (``pad`` elsewhere)."""
+        x = self.features(encoder_out, alignment=alignment, select=select, upsampled=upsampled, cross=cross,
+                          glanced=glanced)
         out = vocab_logits(self, x)
         return F.log_softmax(out.float(), -1) if normalize else out
 
-    def features(self, encoder_out, alignment=None, select=None, upsampled=None, cross=None):
+    def features(self, encoder_out, alignment=None, select=None, upsampled=None, cross=None, glanced=None):
         """The decoder's final states (B, L, C), or (K, C) at the ``select``ed positions in row-major
         order (arguments as :meth:`forward`'s).
 
@@ -116,6 +121,9 @@ class CTCDecoder(FairseqNATDecoder):
         x = states
         if alignment is not None:
             x = x + self.embed_scale * self.embed_tokens(alignment)
+        if glanced is not None:
+            reveal = glanced.ne(self.padding_idx).unsqueeze(-1)
+            x = torch.where(reveal, self.embed_scale * self.embed_tokens(glanced), x)
         if self.embed_positions is not None:
             dummy = pad_mask.long() * self.padding_idx + (~pad_mask).long() * self.dictionary.unk()
             x = x + self.embed_positions(dummy)
@@ -176,13 +184,32 @@ class CTCNATModel(PluginNATModel):
         tgt = content_target(tgt_tokens, self.eos, self.pad)
         return tgt, tgt.ne(self.pad).sum(1)
 
-    def forward(self, src_tokens, src_lengths, prev_output_tokens, tgt_tokens, **kwargs):
+    @torch.no_grad()
+    def glance(self, encoder_out, upsampled, tgt, tgt_lengths, ratio):
+        """GLAT over the best CTC alignment (as the GLAT+CTC systems): a first pass without gradient,
+        the best alignment A of the target under it (Viterbi), d = the positions where the pass' argmax
+        differs from A; round(ratio * d) of them (random) are revealed: their input becomes the
+        embedding of A's symbol there (a token or ``<blank>``).  Infeasible pairs reveal nothing.
+        -> (glanced (B, L): A at the revealed positions, ``pad`` elsewhere; number revealed)."""
+        lprobs = self.decoder(encoder_out, normalize=True, upsampled=upsampled)
+        lengths = upsampled[1]
+        align, score = ctc_best_alignment(lprobs, lengths, tgt, tgt_lengths, self.blank_idx, pad=self.pad)
+        ok = ctc_feasible(lengths, tgt, tgt_lengths) & torch.isfinite(score)
+        inside = torch.arange(lprobs.size(1), device=tgt.device).unsqueeze(0) < lengths.unsqueeze(1)
+        wrong = inside & ok.unsqueeze(1) & lprobs.argmax(-1).ne(align)
+        reveal = glancing_reveal(wrong, ratio)
+        return glanced_tokens(align, reveal, self.pad), int(reveal.sum())
+
+    def forward(self, src_tokens, src_lengths, prev_output_tokens, tgt_tokens, glat_ratio=None, **kwargs):
         tgt, tgt_lengths = self.ctc_targets(tgt_tokens)
         encoder_out = self.encoder(src_tokens, src_lengths=src_lengths)
         upsampled = self.decoder.upsample(encoder_out)
         lengths = upsampled[1]
-        lprobs = self.decoder(encoder_out, normalize=True, upsampled=upsampled)
-        return {
+        glanced, revealed = None, None
+        if glat_ratio:
+            glanced, revealed = self.glance(encoder_out, upsampled, tgt, tgt_lengths, float(glat_ratio))
+        lprobs = self.decoder(encoder_out, normalize=True, upsampled=upsampled, glanced=glanced)
+        out = {
             "ctc": {
                 "ctc_lprobs": lprobs,  # (B, L, V) float32 log-probs
                 "input_lengths": lengths,
@@ -193,6 +220,9 @@ class CTCNATModel(PluginNATModel):
                 "factor": 1.0,
             }
         }
+        if revealed is not None:
+            out["ctc"]["glat_revealed"] = revealed
+        return out
 
 
 @register_model_architecture("ctc_nat", "ctc_nat")

@@ -38,6 +38,7 @@ from ...modules.vocab_projection import vocab_logits
 from ...tasks.nat_translation import MASK_SYMBOL
 from .base import SMALL, TINY, PluginNATModel, arch_defaults
 from .ctc_nat import front_align
+from .glancing import glancing_reveal
 
 NEG_INF = float("-inf")
 
@@ -177,10 +178,6 @@ class DATransformerModel(PluginNATModel):
         parser.add_argument("--dag-upsample-ratio", type=int,
                             help="graph vertices per source token (</s> included), default 8")
 
-    def set_num_updates(self, num_updates):
-        self.num_updates = num_updates
-        super().set_num_updates(num_updates)
-
     def max_positions(self):
         """A source of n tokens needs ratio * n decoder positions."""
         return min(self.encoder.source_limit()[0], self.decoder.max_positions() // self.upsample_ratio), \
@@ -219,11 +216,7 @@ class DATransformerModel(PluginNATModel):
         path, score = dag_best_alignment(match, links, lengths, target_lengths)
         on = (path >= 0) & torch.isfinite(score).unsqueeze(1)
         pred = lprobs.argmax(-1).gather(1, path.clamp(min=0))  # (B, M)
-        wrong = on & pred.ne(targets)
-        n = torch.round(ratio * wrong.sum(1).float()).long()
-        key = torch.rand(B, M, device=targets.device).masked_fill(~wrong, 2.0)
-        rank = key.argsort(1).argsort(1)
-        reveal = wrong & (rank < n.unsqueeze(1))
+        reveal = glancing_reveal(on & pred.ne(targets), ratio)
         glanced = targets.new_full((B, L), self.pad)
         rows, ks = reveal.nonzero(as_tuple=True)
         glanced[rows, path[rows, ks]] = targets[rows, ks]

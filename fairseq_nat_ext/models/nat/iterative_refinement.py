@@ -53,7 +53,7 @@ class RefinementDecoder(MaskPredictDecoder):
         return emb.gather(1, idx.unsqueeze(-1).expand(-1, -1, emb.size(-1)))
 
     def forward(self, prev_output_tokens, encoder_out, normalize=False, copy_source=False,
-                features_only=False, cross=None, sent=None, select=None, **unused):
+                features_only=False, cross=None, sent=None, select=None, glanced=None, **unused):
         """prev_output_tokens (B, T) right-padded (Y(t), or any non-pad placeholders with
         ``copy_source``) -> logits (B, T, V) (log-probs with ``normalize``, features with
         ``features_only``); with ``select`` (bool (B, T)) only at those positions: (K, ...) in
@@ -63,12 +63,15 @@ class RefinementDecoder(MaskPredictDecoder):
         same maths); ``cross``: the cached cross-attention keys and values of the sentences
         (``cross_kv``) and ``sent`` (B,) the sentence of every row (decoding reads the keys and values
         of a sentence once for all its passes and length candidates); ``encoder_out`` then only
-        serves ``copy_source`` (one entry per row)."""
+        serves ``copy_source`` (one entry per row).  ``glanced`` (B, T) long (glancing, the ``glat`` arch):
+        reference tokens whose embeddings replace the input at their positions (``pad`` elsewhere)."""
         pad = prev_output_tokens.eq(self.padding_idx)
         if copy_source:
             x = self.copy_source(encoder_out, (~pad).sum(1), prev_output_tokens.size(1))
         else:
             x = self.embed_scale * self.embed_tokens(prev_output_tokens)
+        if glanced is not None:
+            x = torch.where(glanced.ne(self.padding_idx).unsqueeze(-1), self.embed_scale * self.embed_tokens(glanced), x)
         if self.project_in_dim is not None:
             x = self.project_in_dim(x)
         if self.embed_positions is not None:
