@@ -19,7 +19,7 @@ never take it.
 """
 import torch
 
-from . import cpu_linear, module_walk
+from . import cpu_linear, fast_route, module_walk
 from . import nat_decoder_inference as fast
 
 
@@ -37,6 +37,8 @@ def supported(encoder) -> bool:
     from fairseq.modules.transformer_layer import TransformerEncoderLayer, TransformerEncoderLayerBase
 
     if not isinstance(encoder, TransformerEncoderBase) or getattr(encoder, "num_added_tokens", 0):
+        return False
+    if not fast_route.allows(encoder):
         return False
     from .efficient_encoder import EfficientEncoderMixin
 

@@ -29,7 +29,7 @@ Weight caches (prepacked products, the stacked q/k/v) apply only inside the gene
 import torch
 import torch.nn.functional as F
 
-from . import cpu_linear, module_walk, packed
+from . import cpu_linear, fast_route, module_walk, packed
 from .attention.mix import stacked_qkv, stacked_qkv_weight
 
 
@@ -50,6 +50,8 @@ def supported(decoder):
     layers = getattr(decoder, "layers", None)
     if layers is None or len(layers) == 0 or getattr(decoder, "cross_self_attention", False):
         return False
+    if not fast_route.allows(decoder):
+        return False  # switched off, a user's override, a hook or a non-plain projection (fast_route.py)
     if module_walk.dropout_at_inference(decoder):
         return False  # --retain-dropout: fairseq's layers drop at inference, this forward does not
     if getattr(decoder, "quant_noise", None) is not None:

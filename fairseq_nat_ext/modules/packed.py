@@ -25,7 +25,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from . import cpu_linear
+from . import cpu_linear, fast_route
 from .attention.mix import KV, stacked_qkv, stacked_qkv_weight
 from .attention.partials import additive
 
@@ -199,7 +199,7 @@ def supports_decoder(decoder) -> bool:
     """Whether :func:`decoder_features` reproduces this fairseq Transformer decoder's forward."""
     from fairseq.models.transformer import TransformerDecoderBase
 
-    if not isinstance(decoder, TransformerDecoderBase):
+    if not isinstance(decoder, TransformerDecoderBase) or not fast_route.allows(decoder):
         return False
     if decoder.quant_noise is not None or getattr(decoder, "cross_self_attention", False):
         return False

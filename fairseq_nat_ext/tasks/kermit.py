@@ -123,6 +123,9 @@ class KermitTask(NATTranslationTask):
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, **unused):
         if self.multi:
             raise InputError("kermit --lang-pairs: decoding needs one direction: give -s and -t")
+        from ..modules import fast_route
+
+        fast_route.set_enabled(not getattr(self.cfg, "no_fast_decoding", False))
         return KermitGenerator.from_generation_args(
             models, self.target_dictionary, args, self.cfg.source_lang, self.cfg.target_lang,
             self.cfg.kermit_generate, x_lang=getattr(self, "x_lang", None), temperature=self.cfg.kermit_temperature)

@@ -15,6 +15,8 @@
   the generator's ``configure(task_cfg)`` (``--insertion-decoding``, ``--npd-samples``, ...).
 * ``--collapse-repeats``: ``inference_step`` (what fairseq-generate calls) collapses consecutive repeated
   tokens of every hypothesis (``generators/postprocess.py``), whatever the generator.
+* ``--no-fast-decoding``: every plugin generator runs fairseq's forward instead of the CPU decoding route
+  (``modules/fast_route.py``; also ``kermit``'s; library use: ``FAIRSEQ_NAT_EXT_NO_FAST_DECODING=1``).
 * ``--fertility-path DIR`` (the fertility NAT): every split with a ``DIR/{split}.fert`` file
   (``fairseq_nat_ext/data/fertility.py``) is checked against the split (one value per source token,
   summing to the target length; one-line error naming file and line) and its batches carry
@@ -102,6 +104,12 @@ class NATTranslationConfig(TranslationConfig):
         default=False,
         metadata={"help": "remove consecutive repeated target tokens (BPE units) from every hypothesis, a "
                           "common last step of NAT decoding; hypothesis scores are kept"},
+    )
+    no_fast_decoding: bool = field(
+        default=False,
+        metadata={"help": "decode with fairseq's forward everywhere instead of the plugin's CPU decoding "
+                          "route (the same hypotheses up to float rounding; for checking and profiling; "
+                          "library use: FAIRSEQ_NAT_EXT_NO_FAST_DECODING=1)"},
     )
 
 
@@ -270,6 +278,9 @@ class NATTranslationTask(TranslationTask):
         return {k: v for k, v in getattr(self, "_missing_fertility", {}).items() if k in self.datasets}
 
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, **unused):
+        from ..modules import fast_route
+
+        fast_route.set_enabled(not getattr(self.cfg, "no_fast_decoding", False))
         gen_cls = getattr(models[0], "generator_class", None)
         if gen_cls is None:
             return super().build_generator(

@@ -1,0 +1,164 @@
+"""The CPU decoding route's one guard (modules/fast_route.py): the switch (--no-fast-decoding and the
+environment variable), a user's subclass that overrides a replaced method, hooked and non-plain
+projections -- each makes decoding run the model's own forward -- and, switched off, every generator with a
+fast route returns the fast route's hypotheses without calling it."""
+import pytest
+import torch
+import torch.nn as nn
+
+from conftest import PLUGIN_DIR, build_model_and_task, run_cli
+
+import fairseq_nat_ext  # noqa: F401,E402
+from fairseq_nat_ext.generators.ctc_nat import CTCGenerator
+from fairseq_nat_ext.generators.da_transformer import DAGenerator
+from fairseq_nat_ext.generators.glat import GLATGenerator
+from fairseq_nat_ext.generators.iterative_refinement import RefinementGenerator
+from fairseq_nat_ext.generators.mask_predict import MaskPredictGenerator
+from fairseq_nat_ext.models.nat.mask_predict import MaskPredictDecoder
+from fairseq_nat_ext.modules import encoder_inference, fast_route, packed
+from fairseq_nat_ext.modules import nat_decoder_inference as fast
+
+SRC = torch.tensor([[1, 5, 6, 7, 2], [8, 9, 10, 11, 2], [1, 1, 12, 5, 2]])
+SAMPLE = {"net_input": {"src_tokens": SRC, "src_lengths": SRC.ne(1).sum(1)}}
+
+
+@pytest.fixture
+def switch_restored(monkeypatch):
+    monkeypatch.delenv(fast_route.ENV, raising=False)
+    yield
+    fast_route.set_enabled(True)
+
+
+def _model(toy_databin, arch, *extra):
+    task, model, _ = build_model_and_task(toy_databin[0], ["--arch", arch, *extra])
+    torch.manual_seed(0)
+    with torch.no_grad():  # decisive logits: no near-ties that float rounding could flip between routes
+        model.decoder.embed_tokens.weight.mul_(8.0)
+    return task, model.eval()
+
+
+def test_switch_and_environment_variable(toy_databin, switch_restored, monkeypatch):
+    _, model = _model(toy_databin, "mask_predict_tiny")
+    assert fast.supported(model.decoder) and encoder_inference.supported(model.encoder)
+    assert packed.supports_decoder(model.decoder)
+    fast_route.set_enabled(False)
+    assert not fast.supported(model.decoder) and not encoder_inference.supported(model.encoder)
+    assert not packed.supports_decoder(model.decoder)
+    fast_route.set_enabled(True)
+    monkeypatch.setenv(fast_route.ENV, "1")
+    assert not fast.supported(model.decoder) and not packed.supports_decoder(model.decoder)
+    monkeypatch.setenv(fast_route.ENV, "0")
+    assert fast.supported(model.decoder)
+
+
+class ShiftedDecoder(MaskPredictDecoder):
+    """A user's subclass: its features push every position towards one token."""
+
+    target = 7
+
+    def extract_features(self, prev_output_tokens, encoder_out=None, **kwargs):
+        x, extra = super().extract_features(prev_output_tokens, encoder_out=encoder_out, **kwargs)
+        return x + 100.0 * self.embed_tokens.weight[self.target].detach(), extra
+
+
+class EmbeddingOverride(MaskPredictDecoder):
+    def forward_embedding(self, prev_output_tokens, states=None):
+        return super().forward_embedding(prev_output_tokens, states)
+
+
+def test_a_subclass_override_decodes_through_the_override(toy_databin):
+    _, model = _model(toy_databin, "mask_predict_tiny")
+    gen = MaskPredictGenerator([model], model.decoder.dictionary, max_iter=2)
+    before = gen.generate([model], SAMPLE)
+    assert not all(set(h[0]["tokens"][:-1].tolist()) == {ShiftedDecoder.target} for h in before)
+    model.decoder.__class__ = ShiftedDecoder
+    assert not fast.supported(model.decoder) and not packed.supports_decoder(model.decoder)
+    for h in gen.generate([model], SAMPLE):
+        assert set(h[0]["tokens"][:-1].tolist()) == {ShiftedDecoder.target}
+    model.decoder.__class__ = EmbeddingOverride
+    assert not fast.supported(model.decoder)
+    model.decoder.__class__ = MaskPredictDecoder
+    assert fast.supported(model.decoder)
+
+
+class LoRALinear(nn.Linear):
+    """A projection that is not a plain nn.Linear (a low-rank update)."""
+
+    def forward(self, x):
+        return super().forward(x) + 0.0 * x.sum(-1, keepdim=True)
+
+
+def test_hooked_or_non_plain_projections_fall_back(toy_databin):
+    _, model = _model(toy_databin, "mask_predict_tiny")
+    layer = model.decoder.layers[0]
+    handle = layer.fc1.register_forward_hook(lambda m, i, o: o)
+    assert not fast.supported(model.decoder) and not packed.supports_decoder(model.decoder)
+    handle.remove()
+    handle = model.encoder.layers[0].self_attn.q_proj.register_forward_pre_hook(lambda m, i: None)
+    assert not encoder_inference.supported(model.encoder)
+    handle.remove()
+    assert fast.supported(model.decoder) and encoder_inference.supported(model.encoder)
+    plain = layer.self_attn.out_proj
+    lora = LoRALinear(plain.in_features, plain.out_features)
+    lora.load_state_dict(plain.state_dict())
+    layer.self_attn.out_proj = lora
+    assert not fast.supported(model.decoder)
+    layer.self_attn.out_proj = plain
+    assert fast.supported(model.decoder)
+
+
+GENERATORS = [
+    ("mask_predict_tiny", (), lambda m: MaskPredictGenerator([m], m.decoder.dictionary, max_iter=4, length_beam=2)),
+    ("ctc_nat_tiny", (), lambda m: CTCGenerator([m], m.decoder.dictionary, beam=1)),
+    ("ctc_nat_tiny", (), lambda m: CTCGenerator([m], m.decoder.dictionary, beam=3)),
+    ("iterative_refinement_tiny", (), lambda m: RefinementGenerator([m], m.decoder.dictionary, max_iter=3)),
+    ("glat_tiny", (), lambda m: GLATGenerator([m], m.decoder.dictionary, length_beam=2)),
+    ("da_transformer_tiny", ("--dag-upsample-ratio", "4"),
+     lambda m: DAGenerator([m], m.decoder.dictionary, dag_decoder="lookahead")),
+]
+
+
+@pytest.mark.parametrize("arch,extra,make", GENERATORS, ids=[g[0] + str(i) for i, g in enumerate(GENERATORS)])
+def test_switched_off_every_generator_gives_the_same_hypotheses_without_the_route(
+        toy_databin, switch_restored, monkeypatch, arch, extra, make):
+    _, model = _model(toy_databin, arch, *extra)
+    gen = make(model)
+    on = gen.generate([model], SAMPLE)
+    fast_route.set_enabled(False)
+
+    def refuse(*a, **k):
+        raise AssertionError("the fast route ran although it was switched off")
+
+    for mod, name in ((fast, "decoder_features"), (fast, "token_features"), (fast, "cross_kv"),
+                      (encoder_inference, "encode"), (packed, "decoder_features")):
+        monkeypatch.setattr(mod, name, refuse)
+    off = gen.generate([model], SAMPLE)
+    for a, b in zip(on, off):
+        assert a[0]["tokens"].tolist() == b[0]["tokens"].tolist()
+        assert abs(float(a[0]["score"]) - float(b[0]["score"])) < 1e-3
+
+
+def test_no_fast_decoding_is_a_task_option_that_build_generator_applies(toy_databin, switch_restored):
+    from fairseq import options, tasks
+
+    _, model = _model(toy_databin, "mask_predict_tiny")
+    for flag, want in (([], True), (["--no-fast-decoding"], False), ([], True)):
+        parser = options.get_generation_parser()
+        args = options.parse_args_and_arch(parser, [toy_databin[0], "--user-dir", PLUGIN_DIR, "--task",
+                                                    "nat_translation", *flag])
+        task = tasks.setup_task(args)
+        task.build_generator([model], args)
+        assert fast_route.enabled() is want
+        assert fast.supported(model.decoder) is want
+
+
+def test_fairseq_generate_accepts_no_fast_decoding(toy_databin, tmp_path):
+    save = str(tmp_path / "ckpt")
+    run_cli(["fairseq-train", toy_databin[0], "--user-dir", PLUGIN_DIR, "--task", "nat_translation",
+             "--arch", "mask_predict_tiny", "--criterion", "mask_predict_loss", "--optimizer", "adam",
+             "--lr", "1e-3", "--max-tokens", "800", "--max-update", "2", "--save-dir", save,
+             "--no-epoch-checkpoints", "--num-workers", "0", "--seed", "1"])
+    p = run_cli(["fairseq-generate", toy_databin[0], "--user-dir", PLUGIN_DIR, "--task", "nat_translation",
+                 "--path", f"{save}/checkpoint_last.pt", "--gen-subset", "test", "--batch-size", "8",
+                 "--iter-decode-max-iter", "3", "--no-fast-decoding"])
+    assert sum(line.startswith("H-") for line in p.stdout.splitlines()) == 40
