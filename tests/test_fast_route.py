@@ -162,3 +162,61 @@ def test_fairseq_generate_accepts_no_fast_decoding(toy_databin, tmp_path):
                  "--path", f"{save}/checkpoint_last.pt", "--gen-subset", "test", "--batch-size", "8",
                  "--iter-decode-max-iter", "3", "--no-fast-decoding"])
     assert sum(line.startswith("H-") for line in p.stdout.splitlines()) == 40
+
+
+@pytest.mark.parametrize("route", ["padded", "packed"])
+def test_decoder_layerdrop_draws_what_fairseqs_forward_draws_on_both_routes(toy_databin, route):
+    """fairseq's LayerDropModuleList draws one uniform per layer whenever it is iterated (eval mode too):
+    one decoder pass on either fast route draws as many as one pass of fairseq's forward, so seeded
+    sampling after it is the same."""
+    from fairseq_nat_ext.modules import cpu_linear
+
+    _, model = _model(toy_databin, "mask_predict_tiny", "--decoder-layerdrop", "0.2")
+    src = SRC[:2]
+    enc = model.encoder(src, src_lengths=src.ne(1).sum(1))
+    tokens = torch.tensor([[model.mask_idx] * 4, [model.mask_idx] * 3 + [1]])
+    torch.manual_seed(0)
+    with torch.enable_grad():
+        want = model.decoder(tokens, enc, normalize=True)  # fairseq's layer loop
+    after_fairseq = torch.rand(4)
+    with torch.no_grad(), cpu_linear.decoding([model]):
+        cross = fast.cross_kv(model.decoder, enc)
+        if route == "padded":
+            cross.plan = None
+        else:
+            assert cross.plan is not None and cross.plan.layerdrop == 2
+        torch.manual_seed(0)
+        feats = fast.token_features(model.decoder, tokens, cross)
+        after_fast = torch.rand(4)
+    assert torch.equal(after_fast, after_fairseq)
+    valid = tokens.ne(1)
+    got = torch.log_softmax(model.decoder.output_layer(feats).float(), -1)
+    torch.testing.assert_close(got[valid], want.detach()[valid], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("extra", [["--layernorm-embedding"], ["--no-scale-embedding"],
+                                   ["--layernorm-embedding", "--no-scale-embedding", "--decoder-normalize-before"]],
+                         ids=["layernorm_embedding", "no_scale_embedding", "all"])
+def test_nat_decoder_route_equals_fairseqs_forward_with_embedding_options(toy_databin, extra):
+    from fairseq_nat_ext.modules import cpu_linear
+
+    _, model = _model(toy_databin, "mask_predict_tiny", *extra)
+    if "--layernorm-embedding" in extra:
+        assert model.decoder.layernorm_embedding is not None
+    if "--no-scale-embedding" in extra:
+        assert model.decoder.embed_scale == 1.0
+    src = SRC
+    enc = model.encoder(src, src_lengths=src.ne(1).sum(1))
+    tokens = torch.tensor([[model.mask_idx, 9, model.mask_idx, 5], [7, model.mask_idx, 1, 1],
+                           [model.mask_idx] * 4])
+    with torch.enable_grad():
+        want = model.decoder(tokens, enc, normalize=True).detach()  # fairseq's extract_features
+    valid = tokens.ne(1)
+    for plan in (False, True):
+        with torch.no_grad(), cpu_linear.decoding([model]):
+            cross = fast.cross_kv(model.decoder, enc)
+            if not plan:
+                cross.plan = None
+            feats = fast.token_features(model.decoder, tokens, cross)
+            got = torch.log_softmax(model.decoder.output_layer(feats).float(), -1)
+        torch.testing.assert_close(got[valid], want[valid], atol=1e-4, rtol=1e-4)

@@ -111,6 +111,14 @@ def cross_kv(decoder, encoder_out, checked=False):
                    Plan.build(decoder, enc, checked))
 
 
+def layerdrop_count(layers):
+    """How many uniforms one iteration of ``layers`` draws from torch's global generator (fairseq's
+    LayerDropModuleList: one per layer; a plain list: none)."""
+    from fairseq.modules.layer_drop import LayerDropModuleList
+
+    return len(layers) if isinstance(layers, LayerDropModuleList) else 0
+
+
 def _layers(decoder):
     """The decoder's layers, without a draw of fairseq's LayerDropModuleList (its iterator draws from
     torch's global generator on every iteration, even in eval mode)."""
@@ -139,8 +147,12 @@ class Plan:
     activation is ReLU (then fused into the first product, as are the residual additions into the
     products that end each sublayer; :func:`.cpu_linear.fused_available`)."""
 
-    def __init__(self, layers, final_norm, out_proj):
+    def __init__(self, layers, final_norm, out_proj, layerdrop=0):
         self.layers, self.final_norm, self.out_proj = layers, final_norm, out_proj
+        #: fairseq's LayerDropModuleList draws len(layers) uniforms from torch's global generator each time
+        #: it is iterated, eval mode included (it drops nothing there): a pass of fairseq's forward does,
+        #: and so does each pass here (0: plain layers, no draw), so seeded sampling is the same on both
+        self.layerdrop = layerdrop
         self._positions = {}  # T -> (T, C) position embeddings of a right-padded row's real positions
 
     def positions(self, decoder, T, device):
@@ -183,7 +195,7 @@ class Plan:
         except _NoPlan:
             return None
         final = None if decoder.layer_norm is None else _norm(decoder.layer_norm)
-        return Plan(layers, final, out)
+        return Plan(layers, final, out, layerdrop_count(decoder.layers))
 
 
 class _NoPlan(Exception):
@@ -336,6 +348,8 @@ def _packed_layers(plan, h, rows, self_pad, cross, sent, pick):
     N, T, C = rows.N, rows.T, h.size(-1)
     keep = None if self_pad is None else rows.valid.view(N, 1, 1, T)
     one = bool((sent == sent[0]).all()) if sent is not None else N == 1
+    if plan.layerdrop:
+        torch.empty(plan.layerdrop).uniform_()  # what iterating fairseq's LayerDropModuleList draws
     last = len(plan.layers) - 1
     for i, lp in enumerate(plan.layers):
         pre = lp["pre"]
