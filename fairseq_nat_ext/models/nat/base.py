@@ -22,6 +22,24 @@ def arch_defaults(args, **values):
         setattr(args, k, getattr(args, k, v))
 
 
+#: the base size of every NAT arch (the papers' 6+6 layers, d=512, 8 heads), shared embeddings
+BASE = dict(encoder_embed_dim=512, encoder_ffn_embed_dim=2048, encoder_layers=6, encoder_attention_heads=8,
+            decoder_layers=6, decoder_attention_heads=8, share_all_embeddings=True, apply_bert_init=False,
+            max_source_positions=256, max_target_positions=256)
+
+
+def nat_base_architecture(args, **values):
+    """An arch's base defaults: ``values`` (the arch's own options, and any of :data:`BASE` it changes)
+    over :data:`BASE`; the decoder's sizes follow the encoder's; then fairseq's Transformer defaults."""
+    from fairseq.models.transformer import base_architecture as transformer_base_architecture
+
+    arch_defaults(args, **{**BASE, **values})
+    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", args.encoder_embed_dim)
+    args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", args.encoder_ffn_embed_dim)
+    args.share_decoder_input_output_embed = getattr(args, "share_decoder_input_output_embed", True)
+    transformer_base_architecture(args)
+
+
 def bert_init(args, module):
     """fairseq's --apply-bert-init (normal(0, 0.02) for linear layers and embeddings)."""
     if getattr(args, "apply_bert_init", False):

@@ -26,14 +26,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.nat import FairseqNATDecoder
-from fairseq.models.transformer import base_architecture as transformer_base_architecture
 
 from ...compat import InputError
 from ...modules import nat_decoder_inference as fast
 from ...modules.vocab_projection import vocab_logits
 from ...oracles.ctc_alignment import ctc_best_alignment, ctc_feasible
 from ...tasks.nat_translation import BLANK_SYMBOL, MASK_SYMBOL
-from .base import SMALL, TINY, PluginNATModel, arch_defaults
+from .base import SMALL, TINY, PluginNATModel, arch_defaults, nat_base_architecture
 from .glancing import glanced_tokens, glancing_reveal
 from .mask_predict import content_target
 
@@ -228,17 +227,11 @@ class CTCNATModel(PluginNATModel):
 @register_model_architecture("ctc_nat", "ctc_nat")
 def ctc_nat_base(args):
     """The base size: 6+6 layers, d=512, 8 heads; upsample ratio 2."""
-    arch_defaults(
+    nat_base_architecture(
         args,
-        encoder_embed_dim=512, encoder_ffn_embed_dim=2048, encoder_layers=6,
-        encoder_attention_heads=8, decoder_layers=6, decoder_attention_heads=8,
         dropout=0.3, share_all_embeddings=True, upsample_ratio=2, apply_bert_init=False,
         max_source_positions=256, max_target_positions=256,
     )
-    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", args.encoder_embed_dim)
-    args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", args.encoder_ffn_embed_dim)
-    args.share_decoder_input_output_embed = getattr(args, "share_decoder_input_output_embed", True)
-    transformer_base_architecture(args)
 
 
 @register_model_architecture("ctc_nat", "ctc_nat_small")

@@ -30,13 +30,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.nat import FairseqNATDecoder
-from fairseq.models.transformer import base_architecture as transformer_base_architecture
 
 from ...compat import InputError
 from ...modules import nat_decoder_inference as fast
 from ...modules.vocab_projection import vocab_logits
 from ...tasks.nat_translation import MASK_SYMBOL
-from .base import SMALL, TINY, PluginNATModel, arch_defaults
+from .base import SMALL, TINY, PluginNATModel, arch_defaults, nat_base_architecture
 from .ctc_nat import front_align
 from .glancing import glancing_reveal
 
@@ -241,17 +240,11 @@ class DATransformerModel(PluginNATModel):
 def da_transformer_base(args):
     """The base size: 6+6 layers, d=512, 8 heads; 8 vertices per source token; 1024 decoder positions
     (sources up to 128 tokens at ratio 8)."""
-    arch_defaults(
+    nat_base_architecture(
         args,
-        encoder_embed_dim=512, encoder_ffn_embed_dim=2048, encoder_layers=6,
-        encoder_attention_heads=8, decoder_layers=6, decoder_attention_heads=8,
         dropout=0.1, share_all_embeddings=True, dag_upsample_ratio=8, apply_bert_init=False,
         max_source_positions=256, max_target_positions=1024,
     )
-    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", args.encoder_embed_dim)
-    args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", args.encoder_ffn_embed_dim)
-    args.share_decoder_input_output_embed = getattr(args, "share_decoder_input_output_embed", True)
-    transformer_base_architecture(args)
 
 
 @register_model_architecture("da_transformer", "da_transformer_small")

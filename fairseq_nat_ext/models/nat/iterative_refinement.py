@@ -22,11 +22,10 @@
 import torch
 import torch.nn.functional as F
 from fairseq.models import register_model, register_model_architecture
-from fairseq.models.transformer import base_architecture as transformer_base_architecture
 
 from ...compat import InputError
 from ...modules import nat_decoder_inference as fast
-from .base import SMALL, TINY, arch_defaults
+from .base import SMALL, TINY, arch_defaults, nat_base_architecture
 from .corruption import corrupt
 from .ctc_nat import front_align
 from .mask_predict import MaskPredictDecoder, MaskPredictModel, content_target
@@ -198,19 +197,13 @@ class IterativeRefinementModel(MaskPredictModel):
 @register_model_architecture("iterative_refinement", "iterative_refinement")
 def iterative_refinement_base(args):
     """The base size: 6+6 layers, d=512, 8 heads; 4 training passes, denoising half of the time."""
-    arch_defaults(
+    nat_base_architecture(
         args,
-        encoder_embed_dim=512, encoder_ffn_embed_dim=2048, encoder_layers=6,
-        encoder_attention_heads=8, decoder_layers=6, decoder_attention_heads=8,
         dropout=0.3, share_all_embeddings=True, length_loss_factor=0.1, length_classes=256,
         pred_length_offset=False, sg_length_pred=False, apply_bert_init=False,
         train_refine_steps=4, dae_ratio=0.5, corrupt_replace=0.1, corrupt_repeat=0.1, corrupt_swap=0.1,
         max_source_positions=256, max_target_positions=256,
     )
-    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", args.encoder_embed_dim)
-    args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", args.encoder_ffn_embed_dim)
-    args.share_decoder_input_output_embed = getattr(args, "share_decoder_input_output_embed", True)
-    transformer_base_architecture(args)
 
 
 @register_model_architecture("iterative_refinement", "iterative_refinement_small")

@@ -13,11 +13,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.nat import FairseqNATDecoder
-from fairseq.models.transformer import base_architecture as transformer_base_architecture
 
 from ...modules.vocab_projection import vocab_logits
 from ...tasks.nat_translation import MASK_SYMBOL
-from .base import SMALL, TINY, PluginNATModel, arch_defaults
+from .base import SMALL, TINY, PluginNATModel, arch_defaults, nat_base_architecture
 
 
 def mean_pool(enc, pad_mask):
@@ -179,18 +178,12 @@ class MaskPredictModel(PluginNATModel):
 @register_model_architecture("mask_predict", "mask_predict")
 def mask_predict_base(args):
     """The paper's base size: 6+6 layers, d=512, 8 heads."""
-    arch_defaults(
+    nat_base_architecture(
         args,
-        encoder_embed_dim=512, encoder_ffn_embed_dim=2048, encoder_layers=6,
-        encoder_attention_heads=8, decoder_layers=6, decoder_attention_heads=8,
         dropout=0.3, share_all_embeddings=True, length_loss_factor=0.1, length_classes=256,
         pred_length_offset=False, sg_length_pred=False, apply_bert_init=False,
         max_source_positions=256, max_target_positions=256,
     )
-    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", args.encoder_embed_dim)
-    args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", args.encoder_ffn_embed_dim)
-    args.share_decoder_input_output_embed = getattr(args, "share_decoder_input_output_embed", True)
-    transformer_base_architecture(args)
 
 
 @register_model_architecture("mask_predict", "mask_predict_small")

@@ -50,14 +50,13 @@ import torch.nn.functional as F
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.nat import FairseqNATDecoder
 from fairseq.models.transformer import TransformerConfig
-from fairseq.models.transformer import base_architecture as transformer_base_architecture
 from fairseq.modules import LayerNorm, MultiheadAttention
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 
 from ...compat import InputError
 from ...modules.attention.partials import additive
-from .base import SMALL, TINY, PluginNATModel, arch_defaults
+from .base import SMALL, TINY, PluginNATModel, arch_defaults, nat_base_architecture
 from .mask_predict import content_target
 
 
@@ -460,19 +459,13 @@ class FertilityNATModel(PluginNATModel):
 @register_model_architecture("nat_fertility", "nat_fertility")
 def nat_fertility_base(args):
     """The paper's base size: 6+6 layers, d=512, 8 heads; fertilities 0..50."""
-    arch_defaults(
+    nat_base_architecture(
         args,
-        encoder_embed_dim=512, encoder_ffn_embed_dim=2048, encoder_layers=6,
-        encoder_attention_heads=8, decoder_layers=6, decoder_attention_heads=8,
         dropout=0.3, share_all_embeddings=True, max_fertility=50, fertility_reinforce=False,
         fertility_reinforce_samples=4, fertility_reinforce_reward="reference", fertility_teacher=None,
         apply_bert_init=False,
         max_source_positions=256, max_target_positions=256,
     )
-    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", args.encoder_embed_dim)
-    args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", args.encoder_ffn_embed_dim)
-    args.share_decoder_input_output_embed = getattr(args, "share_decoder_input_output_embed", True)
-    transformer_base_architecture(args)
 
 
 @register_model_architecture("nat_fertility", "nat_fertility_small")
