@@ -367,7 +367,8 @@ def test_one_source_groups_share_cross_attention_and_match_fairseqs_forwards(mod
     teacher = tasks.setup_task(args).build_model(args).eval()
     key_batches = []
     cross = [layer.encoder_attn.k_proj for d in (model.decoder, teacher.decoder) for layer in d.layers]
-    hooks = [lin.register_forward_pre_hook(lambda mod, inp: key_batches.append(inp[0].size(1))) for lin in cross]
+    hooks = []  # fairseq's forwards call the modules: counted by pre-hooks, registered for that pass only
+    # (a hooked projection makes the fast route fall back to fairseq's forward: modules/fast_route.py)
     # the packed passes call the projections' weights through modules/cpu_linear, not the modules
     linear_module = fertility_gen.packed.cpu_linear.module
 
@@ -402,6 +403,8 @@ def test_one_source_groups_share_cross_attention_and_match_fairseqs_forwards(mod
                 monkeypatch.setattr(fertility_gen.packed, "supports_decoder", lambda decoder: False)
                 monkeypatch.setattr(model.decoder, "packed_features", None, raising=False)
                 monkeypatch.setattr(fertility_gen, "vocab_projection", lambda decoder: decoder.output_layer)
+                hooks = [lin.register_forward_pre_hook(lambda mod, inp: key_batches.append(inp[0].size(1)))
+                         for lin in cross]
             key_batches.clear()
             prepacked.clear()
             outs = []
