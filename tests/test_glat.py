@@ -239,6 +239,16 @@ def test_ctc_glancing_criterion_logs_and_plain_ctc_is_unchanged(ctc):
     loss.backward()
 
 
+def test_glancing_logs_the_share_of_revealed_positions_per_target_token():
+    from fairseq import metrics
+    logs = [dict(glat_ratio=0.5 * 2, nsentences=2, ntokens=10, glat_revealed=3),
+            dict(glat_ratio=0.5 * 6, nsentences=6, ntokens=30, glat_revealed=1)]
+    with metrics.aggregate() as agg:
+        GLATLoss.reduce_metrics(logs)
+        got = agg.get_smoothed_values()
+    assert got["glat_revealed"] == 4 and abs(got["glat_share"] - 4 / 40) < 1e-9 and abs(got["glat_ratio"] - 0.5) < 1e-9
+
+
 def _hyps(out):
     return {int(m.group(1)): m.group(2) for m in re.finditer(r"^H-(\d+)\t\S+\t(.*)$", out, re.M)}
 
@@ -256,6 +266,7 @@ def test_train_with_glancing_then_fairseq_generate(toy_databin, tmp_path, arch_a
                     "--log-format", "simple", "--log-interval", "1"])
     log = proc.stdout + proc.stderr
     assert re.search(r"glat_revealed=\d+", log) and re.search(r"glat_ratio=0\.[345]", log), log[-2000:]
+    assert re.search(r"glat_share=[01]\.\d+", log), log[-2000:]
     gen = run_cli(["fairseq-generate", toy_databin[0], "--user-dir", PLUGIN_DIR, "--task", "nat_translation",
                    "--path", f"{save}/checkpoint_last.pt", "--gen-subset", "test", "--batch-size", "16", "--print-step", *gen_args])
     assert sorted(_hyps(gen.stdout)) == list(range(40)), gen.stdout[-2000:]

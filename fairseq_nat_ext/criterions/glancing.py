@@ -3,8 +3,10 @@
 from R0 to R1 over ``--max-update`` (R0 throughout without one).  The criterion passes the ratio of the
 current update to the model as ``glat_ratio`` (training only: validation and decoding never glance);
 the model reports the revealed positions as ``glat_revealed`` in one of its outputs.  Logged:
-``glat_ratio`` (the ratio of the log interval's updates) and ``glat_revealed`` (positions revealed,
-summed).  Models: ``models/nat/glancing.py``."""
+``glat_ratio`` (the ratio of the log interval's updates), ``glat_revealed`` (positions revealed,
+summed) and ``glat_share`` (positions revealed per target token of the interval's batches: GLAT's and the
+DAG's reveal target positions, so it is the share of the reference shown; GLAT+CTC reveals alignment
+positions, up to ratio x the upsampled length, so it can exceed the share of distinct tokens).  Models: ``models/nat/glancing.py``."""
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -73,4 +75,7 @@ class GlancingMixin:
             ratio = sum(log.get("glat_ratio", 0) for log in logging_outputs)
             metrics.log_scalar("glat_ratio", ratio / max(sents, 1), sents, round=3)
         if any("glat_revealed" in log for log in logging_outputs):
-            metrics.log_scalar_sum("glat_revealed", sum(log.get("glat_revealed", 0) for log in logging_outputs))
+            revealed = sum(log.get("glat_revealed", 0) for log in logging_outputs)
+            ntokens = sum(log.get("ntokens", 0) for log in logging_outputs if "glat_revealed" in log)
+            metrics.log_scalar_sum("glat_revealed", revealed)
+            metrics.log_scalar("glat_share", revealed / max(ntokens, 1), ntokens, round=3)
