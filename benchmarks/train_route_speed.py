@@ -27,7 +27,7 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LINE = re.compile(r"train_inner \|.*?\bloss=([0-9.]+).*?\bnum_updates=(\d+).*?\bwall=([0-9.]+)")
+LINE = re.compile(r"train_inner \|.*?[\s,]loss=([0-9.]+).*?[\s,]num_updates=(\d+).*?[\s,]wall=([0-9.]+)")
 
 
 def parse_log(text):

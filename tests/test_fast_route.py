@@ -152,6 +152,19 @@ def test_no_fast_decoding_is_a_task_option_that_build_generator_applies(toy_data
         assert fast.supported(model.decoder) is want
 
 
+def test_no_fast_decoding_in_training_switches_the_packed_training_passes_off(toy_databin, switch_restored):
+    from fairseq import options, tasks
+
+    _, model = _model(toy_databin, "levenshtein_tiny")
+    model.train()
+    for flag, want in (([], True), (["--no-fast-decoding"], False), ([], True)):
+        parser = options.get_training_parser()
+        args = options.parse_args_and_arch(parser, [toy_databin[0], "--user-dir", PLUGIN_DIR, "--task",
+                                                    "nat_translation", "--arch", "levenshtein_tiny", *flag])
+        tasks.setup_task(args)
+        assert fast_route.enabled() is want and packed.supports_decoder(model.decoder) is want
+
+
 def test_fairseq_generate_accepts_no_fast_decoding(toy_databin, tmp_path):
     save = str(tmp_path / "ckpt")
     run_cli(["fairseq-train", toy_databin[0], "--user-dir", PLUGIN_DIR, "--task", "nat_translation",

@@ -7,10 +7,10 @@ import pytest
 from benchmarks.train_route_speed import main, parse_log, seconds_per_update
 
 LOG = """\
-2026-12-06 22:29:47 | INFO | train_inner | epoch 001:      5 / 111 loss=9.945, nll_loss=9.16, ppl=985.6, wps=1836.8, num_updates=5, lr=5e-05, train_wall=39, wall=41
+2026-12-06 22:29:47 | INFO | train_inner | epoch 001:      5 / 111 word_del-loss=0.981, loss=9.945, nll_loss=9.16, ppl=985.6, wps=1836.8, num_updates=5, lr=5e-05, train_wall=39, wall=41
 2026-12-06 22:29:49 | INFO | fairseq.trainer | something else wall=3
 2026-12-06 22:30:23 | INFO | train_inner | epoch 001:     10 / 111 loss=7.695, nll_loss=6.643, ppl=207.17, num_updates=10, lr=0.0001, train_wall=35, wall=76
-2026-12-06 22:30:57 | INFO | train_inner | epoch 002:      4 / 111 loss=6.649, nll_loss=5.41, num_updates=15, lr=0.00015, train_wall=35, wall=111.5
+2026-12-06 22:30:57 | INFO | train_inner | epoch 002:      4 / 111 mask_ins-loss=7.9, loss=6.649, nll_loss=5.41, train_wall=35, num_updates=15, lr=0.00015, train_wall=35, wall=111.5
 """
 
 

@@ -98,7 +98,7 @@ class NATLossBase(FairseqCriterion):
     @staticmethod
     def reduce_metrics(logging_outputs) -> None:
         sample_size = sum(log.get("sample_size", 0) for log in logging_outputs)
-        for key in {k for log in logging_outputs for k in log if k == "loss" or k.endswith("loss")}:
+        for key in sorted({k for log in logging_outputs for k in log if k == "loss" or k.endswith("loss")}):  # one log order
             val = sum(log.get(key, 0) for log in logging_outputs)
             metrics.log_scalar(key, val / max(sample_size, 1) / math.log(2), sample_size, round=3)
         metrics.log_derived(

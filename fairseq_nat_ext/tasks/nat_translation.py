@@ -109,7 +109,8 @@ class NATTranslationConfig(TranslationConfig):
         default=False,
         metadata={"help": "decode with fairseq's forward everywhere instead of the plugin's CPU decoding "
                           "route (the same hypotheses up to float rounding; for checking and profiling; "
-                          "library use: FAIRSEQ_NAT_EXT_NO_FAST_DECODING=1)"},
+                          "in fairseq-train: the Levenshtein and Insertion training passes on fairseq's "
+                          "layers; library use: FAIRSEQ_NAT_EXT_NO_FAST_DECODING=1)"},
     )
 
 
@@ -152,6 +153,13 @@ def bad_sentences(ds, eos, unk):
 @register_task("nat_translation", dataclass=NATTranslationConfig)
 class NATTranslationTask(TranslationTask):
     cfg: NATTranslationConfig
+
+    def __init__(self, cfg, src_dict, tgt_dict):
+        super().__init__(cfg, src_dict, tgt_dict)
+        from ..modules import fast_route
+
+        # fairseq-train too: the packed training passes (Levenshtein, Insertion) follow the switch
+        fast_route.set_enabled(not getattr(cfg, "no_fast_decoding", False))
 
     @classmethod
     def load_dictionary(cls, filename):
