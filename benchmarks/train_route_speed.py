@@ -11,6 +11,9 @@ round, so a slow spell of the machine lands on both), and times the updates afte
 from fairseq's own ``wall`` clock of the log (start-up, data loading and the first updates are left out).
 Nothing is saved (``--no-save``), validation is off.
 
+fairseq logs ``wall`` in whole seconds, so time enough updates that the timed span is many seconds (the
+defaults: 20 timed updates of a few seconds each); a span under a second gives 0 and no ratio.
+
 Written to ``--out``: the plugin's git commit, the machine, the command, seconds per update of every run,
 each route's mean, the ratio (fairseq's layers / packed: > 1 means the packed route is faster) and the
 training loss of both routes at each logged update (the same maths; dropout draws differ between the
@@ -100,7 +103,9 @@ def main(argv=None):
            "init_from": args.init_from, "updates": args.updates, "timed_after": args.skip, "rounds": args.rounds,
            "threads": args.threads, "seed": args.seed, "commit": commit, "hardware": hardware_description(),
            "command": "python -m benchmarks.train_route_speed " + " ".join(argv if argv is not None else sys.argv[1:]),
-           "runs": runs, "s_per_update": mean, "fairseq_over_packed": mean["fairseq"] / mean["packed"],
+           "runs": runs, "s_per_update": mean, "wall_resolution_s": 1,
+           # fairseq logs its wall clock in whole seconds: a run shorter than that has no ratio
+           "fairseq_over_packed": mean["fairseq"] / mean["packed"] if mean["packed"] > 0 else None,
            "date": time.strftime("%Y-%m-%d", time.gmtime())}
     tmp = args.out + ".tmp"
     with open(tmp, "w") as f:

@@ -36,8 +36,10 @@ def test_tiny_run_times_both_routes(toy_databin, tmp_path, monkeypatch):
           "--out", str(out)])
     res = json.loads(out.read_text())
     assert sorted(r["route"] for r in res["runs"]) == ["fairseq", "packed"]
-    assert all(r["s_per_update"] > 0 and set(r["loss"]) == {"2", "4"} for r in res["runs"])
-    assert res["fairseq_over_packed"] == pytest.approx(res["s_per_update"]["fairseq"] / res["s_per_update"]["packed"])
+    # fairseq's wall clock has whole seconds: two tiny updates may take 0 of them on a fast machine
+    assert all(r["s_per_update"] >= 0 and set(r["loss"]) == {"2", "4"} for r in res["runs"])
+    sp = res["s_per_update"]
+    assert res["fairseq_over_packed"] == (pytest.approx(sp["fairseq"] / sp["packed"]) if sp["packed"] > 0 else None)
 
 
 def test_bad_data_bin_is_one_line_error(tmp_path):
