@@ -29,7 +29,8 @@ import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from . import REPO, write_json
+
 LINE = re.compile(r"train_inner \|.*?[\s,]loss=([0-9.]+).*?[\s,]num_updates=(\d+).*?[\s,]wall=([0-9.]+)")
 
 
@@ -41,7 +42,7 @@ def parse_log(text):
 def seconds_per_update(points, skip):
     """(updates, loss, wall) points -> seconds per update between update ``skip`` and the last one."""
     by_update = {u: w for u, _, w in points}
-    if skip not in by_update or not points:
+    if skip not in by_update:
         raise ValueError(f"no log line at update {skip} (log every --skip updates)")
     last = max(by_update)
     if last <= skip:
@@ -86,7 +87,9 @@ def main(argv=None):
         sys.exit(f"error: --data-bin {args.data_bin}: no dict.*.txt (a fairseq-preprocess output directory)")
     if args.updates <= args.skip or args.skip < 1:
         sys.exit("error: --updates must exceed --skip >= 1")
-    from fairseq_nat_ext.evaluation.provenance import hardware_description
+    from fairseq_nat_ext.evaluation.provenance import hardware_description, portable_command, portable_path
+
+    from .speed_ratio import _commit
 
     runs = []
     with tempfile.TemporaryDirectory() as work:
@@ -98,19 +101,17 @@ def main(argv=None):
                 print(f"[train_route_speed] round {r} {run['route']}: {run['s_per_update']:.3f} s/update",
                       file=sys.stderr, flush=True)
     mean = {k: statistics.mean(x["s_per_update"] for x in runs if x["route"] == k) for k in ("packed", "fairseq")}
-    commit = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    out = {"benchmark": "train_route_speed", "recipe": args.recipe, "data_bin": args.data_bin,
-           "init_from": args.init_from, "updates": args.updates, "timed_after": args.skip, "rounds": args.rounds,
-           "threads": args.threads, "seed": args.seed, "commit": commit, "hardware": hardware_description(),
-           "command": "python -m benchmarks.train_route_speed " + " ".join(argv if argv is not None else sys.argv[1:]),
+    out = {"benchmark": "train_route_speed", "recipe": args.recipe, "data_bin": portable_path(args.data_bin),
+           "init_from": portable_path(args.init_from), "updates": args.updates, "timed_after": args.skip,
+           "rounds": args.rounds, "threads": args.threads, "seed": args.seed, "commit": _commit(),
+           "hardware": hardware_description(),
+           "command": portable_command(["python", "-m", "benchmarks.train_route_speed",
+                                        *(argv if argv is not None else sys.argv[1:])]),
            "runs": runs, "s_per_update": mean, "wall_resolution_s": 1,
            # fairseq logs its wall clock in whole seconds: a run shorter than that has no ratio
            "fairseq_over_packed": mean["fairseq"] / mean["packed"] if mean["packed"] > 0 else None,
            "date": time.strftime("%Y-%m-%d", time.gmtime())}
-    tmp = args.out + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(out, f, indent=1)
-    os.replace(tmp, args.out)
+    write_json(args.out, out)
     print(json.dumps({k: out[k] for k in ("s_per_update", "fairseq_over_packed")}))
 
 
