@@ -22,6 +22,8 @@ only the project's own benchmarks use:
 * :mod:`.kermit_conditioning` KERMIT's conditional losses on a split
 * :mod:`.nat_profile`         Mask-Predict's per-pass profile and any decoding's product FLOPs
 * :mod:`.speed_ratio`         a decoding's batch-1 speed against the teacher's, timed interleaved
+* :mod:`.route_regression`    a decoding's batch-1 speed and output with this checkout and an earlier commit
+* :mod:`.train_route_speed`   a recipe's training speed with the packed decoder route on and off
 
 Nothing under ``fairseq_nat_ext/`` imports this package (``tests/test_layout.py``).
 """
