@@ -233,3 +233,55 @@ def test_nat_decoder_route_equals_fairseqs_forward_with_embedding_options(toy_da
             feats = fast.token_features(model.decoder, tokens, cross)
             got = torch.log_softmax(model.decoder.output_layer(feats).float(), -1)
         torch.testing.assert_close(got[valid], want[valid], atol=1e-4, rtol=1e-4)
+
+
+def test_guard_is_computed_once_per_module_inside_a_decoding_call(toy_databin, switch_restored, monkeypatch):
+    from fairseq_nat_ext.modules import module_walk
+
+    _, model = _model(toy_databin, "mask_predict_tiny")
+    walks = []
+    real = module_walk.submodules
+    monkeypatch.setattr(module_walk, "submodules", lambda m: walks.append(m) or real(m))
+
+    def decoder_walks():
+        return sum(m is model.decoder for m in walks)
+
+    for _ in range(3):
+        assert fast.supported(model.decoder)
+    outside = decoder_walks()
+    assert outside >= 3  # no decoding call: every question walks the tree again
+    walks.clear()
+    with fast_route.decoding_call():
+        with fast_route.decoding_call():  # nested: the outer call's answers
+            for _ in range(3):
+                assert fast.supported(model.decoder) and fast_route.allows(model.decoder)
+                assert encoder_inference.supported(model.encoder) and packed.supports_decoder(model.decoder)
+    assert decoder_walks() == outside // 3  # the walks of one supported(), however often each is asked
+    # a hook added after the call is seen by the next one (the answers do not outlive their call)
+    handle = model.decoder.layers[0].fc1.register_forward_hook(lambda *a: None)
+    with fast_route.decoding_call():
+        assert not fast.supported(model.decoder) and not fast_route.allows(model.decoder)
+        assert not packed.supports_decoder(model.decoder)
+    handle.remove()
+    with pytest.raises(RuntimeError):  # an error inside a call ends it too
+        with fast_route.decoding_call():
+            assert fast.supported(model.decoder)
+            raise RuntimeError
+    assert fast_route._call["cache"] is None
+
+
+def test_inference_step_is_one_decoding_call(toy_databin, switch_restored, monkeypatch):
+    from fairseq_nat_ext.modules import module_walk
+
+    task, model = _model(toy_databin, "glat_tiny")
+    gen = GLATGenerator([model], model.decoder.dictionary, length_beam=2)
+    walks = []
+    real = module_walk.submodules
+    monkeypatch.setattr(module_walk, "submodules", lambda m: walks.append(m) or real(m))
+    with torch.no_grad():
+        gen.generate([model], SAMPLE)
+        direct = sum(m is model.decoder for m in walks)
+        walks.clear()
+        task.inference_step(gen, [model], SAMPLE)
+    via_task = sum(m is model.decoder for m in walks)
+    assert via_task < direct  # GLAT's generator and model both ask: once per call through the task

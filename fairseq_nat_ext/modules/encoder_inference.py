@@ -31,7 +31,12 @@ def supported(encoder) -> bool:
     """True when :func:`encode` computes exactly what ``encoder``'s own forward does: fairseq's
     ``TransformerEncoderBase`` forward_scriptable and embedding (ours without added global tokens), no embedding quant-noise,
     fairseq's encoder layers with fairseq's full ``MultiheadAttention`` (no bias_kv / zero attention /
-    xFormers, the standard scaling), no dropout kept at inference (``--retain-dropout``)."""
+    xFormers, the standard scaling), no dropout kept at inference (``--retain-dropout``); once per encoder
+    inside a ``fast_route.decoding_call``."""
+    return fast_route.once("encoder", encoder, _supported)
+
+
+def _supported(encoder):
     from fairseq.models.transformer import TransformerEncoderBase
     from fairseq.modules import MultiheadAttention
     from fairseq.modules.transformer_layer import TransformerEncoderLayer, TransformerEncoderLayerBase

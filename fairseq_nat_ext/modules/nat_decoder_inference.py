@@ -46,7 +46,11 @@ def _attn_supported(attn):
 
 def supported(decoder):
     """True when :func:`decoder_features` computes exactly what ``decoder``'s own layer loop does (in
-    eval mode: no dropout kept at inference)."""
+    eval mode: no dropout kept at inference); once per decoder inside a ``fast_route.decoding_call``."""
+    return fast_route.once("nat_decoder", decoder, _supported)
+
+
+def _supported(decoder):
     layers = getattr(decoder, "layers", None)
     if layers is None or len(layers) == 0 or getattr(decoder, "cross_self_attention", False):
         return False

@@ -196,7 +196,12 @@ def feed_forward(layer, x: Tensor) -> Tensor:
 
 
 def supports_decoder(decoder) -> bool:
-    """Whether :func:`decoder_features` reproduces this fairseq Transformer decoder's forward."""
+    """Whether :func:`decoder_features` reproduces this fairseq Transformer decoder's forward (once per
+    decoder inside a ``fast_route.decoding_call``)."""
+    return fast_route.once("packed_decoder", decoder, _supports_decoder)
+
+
+def _supports_decoder(decoder) -> bool:
     from fairseq.models.transformer import TransformerDecoderBase
 
     if not isinstance(decoder, TransformerDecoderBase) or not fast_route.allows(decoder):

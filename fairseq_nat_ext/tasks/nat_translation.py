@@ -306,8 +306,11 @@ class NATTranslationTask(TranslationTask):
         return gen
 
     def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
-        hypos = super().inference_step(generator, models, sample, prefix_tokens=prefix_tokens,
-                                       constraints=constraints)
+        from ..modules import fast_route
+
+        with fast_route.decoding_call():  # the CPU route's guard: checked once per module in this call
+            hypos = super().inference_step(generator, models, sample, prefix_tokens=prefix_tokens,
+                                           constraints=constraints)
         if not getattr(self.cfg, "collapse_repeats", False):
             return hypos
         from ..generators.postprocess import collapse_all  # not at import: generators import this module
