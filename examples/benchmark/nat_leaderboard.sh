@@ -15,14 +15,14 @@
 #   ctc            train_ctc.sh                                     beam=1 (greedy), beam=5 (prefix beam)
 #   imputer        train_imputer.sh CTC_CKPT=<this table's ctc>     block=2, block=4
 #   mask_predict   train_mask_predict.sh                            iter=4,len_beam=3  iter=10,len_beam=3
-#   cmlm           IMPL=fairseq train_mask_predict.sh               the same, force=1 (as many passes)
+#   cmlm           IMPL=fairseq train_mask_predict.sh               iter=3,...,force=1  iter=9,...,force=1 (4, 10 passes)
 #   levenshtein    train_levenshtein.sh                             iter=10,rollin=paper
-#   fs_levenshtein IMPL=fairseq train_levenshtein.sh                iter=10,rollin=fairseq
+#   fs_levenshtein IMPL=fairseq train_levenshtein.sh                iter=9,rollin=fairseq (10 rounds)
 #   insertion      train_insertion.sh                               iter=10,loss=binary_tree
-#   fs_insertion   IMPL=fairseq LOSS=binary_tree train_insertion.sh iter=10,loss=binary_tree (same tau)
+#   fs_insertion   IMPL=fairseq LOSS=binary_tree train_insertion.sh iter=9,loss=binary_tree (same tau, 10 rounds)
 #   kermit         train_kermit.sh (raw data, as its recipe says)   iter=10,dir=en-de
 #   refinement     train_refinement.sh                              iter=10
-#   fs_refinement  IMPL=fairseq train_refinement.sh                 iter=10
+#   fs_refinement  IMPL=fairseq train_refinement.sh                 iter=9 (10 passes)
 #   fertility      train_fertility.sh                               NPD 1, NPD 10 (teacher-ranked)
 #   fs_nat         IMPL=fairseq train_fertility.sh                  iter=0; iter=0,len_beam=5,reranker=1
 #   da_transformer train_da_transformer.sh (GLAT 0.5-0.1)           decoder=lookahead, decoder=viterbi
@@ -30,6 +30,9 @@
 #   ctc_raw        train_ctc.sh on the raw data (dat_raw's baseline) beam=1, beam=5
 #   glat           train_glat.sh (GLAT 0.5-0.3)                     len_beam=3 (one pass)
 #   glat_ctc       GLAT=0.5-0.3 train_ctc.sh (GLAT+CTC)             beam=1, beam=5
+# fairseq's IterativeRefinementGenerator runs --iter-decode-max-iter T as T + 1 decoder passes (rounds,
+# for the edit-based models: its steps count from 0); the plugin's generators run T. So fairseq's rows
+# decode with T - 1 against ours with T: the same number of passes (the decoder passes column shows it).
 # A row's seed is SEED (default 1): its checkpoint lives in $RUNS/leaderboard/<ROW>_s<SEED>/ and a
 # seed other than 1 is a row of its own (the spread of the table).
 #
@@ -74,16 +77,16 @@ spec() {  # spec ROW -> RECIPE, ENVS (array), DECODINGS (array), INIT, DATA (dis
         imputer) RECIPE=train_imputer.sh; ENVS=("CTC_CKPT=$LB/ctc_s$SEED/checkpoint_avg.pt")
                  DECODINGS=(block=2 block=4); INIT="this table's ctc_nat (seed $SEED)" ;;
         mask_predict) RECIPE=train_mask_predict.sh; DECODINGS=(iter=4,len_beam=3 iter=10,len_beam=3) ;;
-        cmlm) RECIPE=train_mask_predict.sh; ENVS=(IMPL=fairseq)
-              DECODINGS=(iter=4,len_beam=3,force=1 iter=10,len_beam=3,force=1) ;;
+        cmlm) RECIPE=train_mask_predict.sh; ENVS=(IMPL=fairseq)  # fairseq's iter=T: T + 1 passes (see above)
+              DECODINGS=(iter=3,len_beam=3,force=1 iter=9,len_beam=3,force=1) ;;
         levenshtein) RECIPE=train_levenshtein.sh; DECODINGS=(iter=10,rollin=paper) ;;
-        fs_levenshtein) RECIPE=train_levenshtein.sh; ENVS=(IMPL=fairseq); DECODINGS=(iter=10,rollin=fairseq) ;;
+        fs_levenshtein) RECIPE=train_levenshtein.sh; ENVS=(IMPL=fairseq); DECODINGS=(iter=9,rollin=fairseq) ;;
         insertion) RECIPE=train_insertion.sh; DECODINGS=(iter=10,loss=binary_tree) ;;
         fs_insertion) RECIPE=train_insertion.sh; ENVS=(IMPL=fairseq LOSS=binary_tree)
-                      DECODINGS=(iter=10,loss=binary_tree) ;;
+                      DECODINGS=(iter=9,loss=binary_tree) ;;
         kermit) RECIPE=train_kermit.sh; DATA=raw; DECODINGS=(iter=10,dir=en-de) ;;
         refinement) RECIPE=train_refinement.sh; DECODINGS=(iter=10) ;;
-        fs_refinement) RECIPE=train_refinement.sh; ENVS=(IMPL=fairseq); DECODINGS=(iter=10) ;;
+        fs_refinement) RECIPE=train_refinement.sh; ENVS=(IMPL=fairseq); DECODINGS=(iter=9) ;;
         fertility) RECIPE=train_fertility.sh; GENOPTS=(--generation-option "npd_teacher=$TEACHER_CKPT")
                    DECODINGS=(fertility=aligner,npd=1,rank=total fertility=aligner,npd=10,rank=total) ;;
         fs_nat) RECIPE=train_fertility.sh; ENVS=(IMPL=fairseq); DECODINGS=(iter=0 iter=0,len_beam=5,reranker=1) ;;
@@ -154,9 +157,9 @@ train_row() {
 }
 
 row_command() {  # the commands that reproduce one row (training, then this script's measuring)
-    local t=""
-    [[ -n "$RECIPE" ]] && t="${ENVS[*]} examples/$RECIPE $TRAIN_BIN $SAVE; "
-    echo "${t}SEED=$SEED RUNS=$RUNS bash examples/benchmark/$NAME.sh measure $1"
+    local t="" seed=""  # the teacher is not trained here: no seed of this script's applies to it
+    [[ -n "$RECIPE" ]] && t="${ENVS[*]} examples/$RECIPE $TRAIN_BIN $SAVE; " && seed="SEED=$SEED "
+    echo "${t}${seed}RUNS=$RUNS bash examples/benchmark/$NAME.sh measure $1"
 }
 
 measure_row() {
