@@ -181,8 +181,9 @@ def main(argv=None):
         before_commit = _git("rev-parse", "--short", args.before + "^{commit}")
     except subprocess.CalledProcessError:
         p.error(f"--before {args.before}: not a commit of {REPO}")
-    after_commit = _git("rev-parse", "--short", "HEAD")
-    dirty = _git("status", "--porcelain", "--untracked-files=no", "fairseq_nat_ext")
+    from benchmarks.speed_ratio import _commit
+
+    after_commit = _commit()  # this checkout's commit, "+changes" when the plugin's tracked files differ
     workdir = tempfile.mkdtemp(prefix="route_regression_")
     before_tree = os.path.join(workdir, "before")
     _git("worktree", "add", "--detach", before_tree, before_commit)
@@ -204,16 +205,16 @@ def main(argv=None):
             print(f"{name}: after/before {s['ratio_after_over_before']:.3f} "
                   f"({'within' if s['within_tolerance'] else 'OUTSIDE'} {args.tolerance:.0%}), "
                   f"identical hypotheses: {s['identical_hypotheses']}", flush=True)
-            write_json(args.out, _summary(args, argv, before_commit, after_commit, dirty, results, provenance))
+            write_json(args.out, _summary(args, argv, before_commit, after_commit, results, provenance))
     finally:
         subprocess.run(["git", "-C", REPO, "worktree", "remove", "--force", before_tree], capture_output=True)
     print(f"wrote {args.out}")
 
 
-def _summary(args, argv, before_commit, after_commit, dirty, results, provenance):
+def _summary(args, argv, before_commit, after_commit, results, provenance):
     """The results file: written after every system, so that an interrupted run keeps what it measured."""
     return {"benchmark": "route_regression", "before_commit": before_commit,
-            "after_commit": after_commit + ("+changes" if dirty else ""),
+            "after_commit": after_commit,
             "hardware": provenance.hardware_description(), "threads": args.threads, "split": args.split,
             "sentences": args.sentences, "rounds": args.rounds, "tolerance": args.tolerance,
             "data_bin": provenance.portable_path(args.data_bin),
