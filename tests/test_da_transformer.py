@@ -152,6 +152,19 @@ def test_best_alignment_equals_brute_force_max_over_paths():
         assert abs(float(score[b]) - ref) < 1e-9
 
 
+def test_best_alignment_of_a_target_longer_than_its_graph_is_no_path():
+    g = torch.Generator().manual_seed(6)
+    B, L, M = 2, 5, 6
+    graph, tl = torch.tensor([5, 4]), torch.tensor([4, 6])  # row 1: 6 tokens, 4 vertices
+    match = torch.randn(B, M, L, generator=g, dtype=torch.float64)
+    links = link_log_probs(torch.randn(B, L, L, generator=g), graph).double()
+    path, score = dag_best_alignment(match, links, graph, tl)
+    assert torch.isneginf(score[1]) and (path[1] == -1).all()
+    best = max(paths(5, 4), key=lambda p: sum(float(links[0, p[k], p[k + 1]]) for k in range(3))
+               + sum(float(match[0, k, p[k]]) for k in range(4)))
+    assert path[0, :4].tolist() == list(best) and torch.isfinite(score[0])
+
+
 # -- decoders -----------------------------------------------------------------------------------------------
 
 def vertex_scores(lprobs, lengths, bos=0, eos=2, forbidden=(0, 1, 2, 3)):
@@ -359,26 +372,37 @@ def test_model_loss_and_backward(tiny):
     loss2.backward()
 
 
-def test_glancing_reveals_round_ratio_hamming_wrong_vertices(tiny):
+@pytest.mark.parametrize("ratio", [0.5, 1.0])
+def test_glancing_reveals_round_ratio_hamming_wrong_vertices(tiny, ratio):
     task, model, _ = tiny
     model.eval()
-    src = torch.tensor([[5, 6, 7, 2]])
-    tgt = torch.tensor([[10, 11, 12, 2]])
+    pad = model.pad
+    # row 2: one source token -> 4 vertices, a target of 6 (<s> 4 tokens </s>): no path, nothing revealed
+    src = torch.tensor([[5, 6, 7, 2], [pad, 8, 9, 2], [pad, pad, pad, 2]])
+    tgt = torch.tensor([[10, 11, 12, 13, 14, 2], [15, 16, 2, pad, pad, pad], [10, 11, 12, 13, 2, pad]])
+    src_lengths = torch.tensor([4, 3, 1])
     targets, tl = model.dag_targets(tgt)
-    enc = model.encoder(src, src_lengths=torch.tensor([4]))
+    enc = model.encoder(src, src_lengths=src_lengths)
     graph = model.decoder.graph(enc)
     with torch.no_grad():
         lp, links, lengths = model.decoder(enc, graph=graph, normalize=True)
     match = lp.gather(-1, targets.unsqueeze(1).expand(-1, lp.size(1), -1)).transpose(1, 2)
-    path, _ = dag_best_alignment(match, links, lengths, tl)
-    wrong = int((lp.argmax(-1)[0, path[0]] != targets[0]).sum())
-    glanced, n = model.glance(enc, graph, targets, tl, 0.5)
-    assert n == round(0.5 * wrong)
-    shown = glanced[0].ne(model.pad).nonzero().flatten().tolist()
-    assert len(shown) == n and set(shown) <= set(path[0].tolist())
-    for v in shown:
-        k = path[0].tolist().index(v)
-        assert int(glanced[0, v]) == int(targets[0, k]) and int(lp.argmax(-1)[0, v]) != int(targets[0, k])
+    path, score = dag_best_alignment(match, links, lengths, tl)
+    assert torch.isneginf(score[2]) and torch.isfinite(score[:2]).all()
+    glanced, n = model.glance(enc, graph, targets, tl, ratio)
+    pred = lp.argmax(-1)
+    expected = 0
+    for b in range(2):
+        p = path[b, :int(tl[b])].tolist()
+        wrong = [k for k, v in enumerate(p) if int(pred[b, v]) != int(targets[b, k])]
+        if b == 0:
+            assert len(wrong) >= 3  # so that round(ratio * d) > 0: the count is tested, not vacuous
+        shown = glanced[b].ne(pad).nonzero().flatten().tolist()
+        assert len(shown) == round(ratio * len(wrong)) and set(shown) <= {p[k] for k in wrong}
+        for v in shown:
+            assert int(glanced[b, v]) == int(targets[b, p.index(v)])
+        expected += len(shown)
+    assert glanced[2].eq(pad).all() and n == expected
 
 
 def test_init_from_at_copies_everything_but_the_link_attention(toy_databin):
@@ -429,7 +453,10 @@ def test_generate_each_decoder_in_process(tiny, method):
     src = torch.tensor([[1, 5, 6, 2], [7, 8, 9, 2]])
     hyps = g.generate([model], {"net_input": {"src_tokens": src, "src_lengths": torch.tensor([3, 4])}})
     assert len(hyps) == 2
-    for h in hyps:
+    with torch.no_grad():
+        enc = model.encoder(src, src_lengths=torch.tensor([3, 4]))
+        lp, links, _ = model.decoder(enc, normalize=True)
+    for b, h in enumerate(hyps):
         h = h[0]
         toks = h["tokens"]
         assert toks[-1] == task.target_dictionary.eos() and h["steps"] == 1
@@ -440,8 +467,13 @@ def test_generate_each_decoder_in_process(tiny, method):
         assert path[0] == 0 and path == sorted(set(path))
         if method != "beam":
             assert len(path) == toks.numel() + 1
-            # positional scores add up to log P(A, Y | X)
-            assert abs(float(h["positional_scores"].sum() / toks.numel()) - float(h["score"])) < 1e-5
+            # log P(A, Y | X) from the model's own outputs along the returned path: the positional scores add
+            # up to it and the score is it per output token
+            ys = [task.target_dictionary.bos()] + toks.tolist()
+            ref = sum(float(links[b, path[k], path[k + 1]]) for k in range(len(path) - 1)) \
+                + sum(float(lp[b, v, t]) for v, t in zip(path, ys))
+            assert abs(float(h["positional_scores"].sum()) - ref) < 1e-4
+            assert abs(float(h["score"]) - ref / toks.numel()) < 1e-4
 
 
 def test_generate_path_scores_are_the_joint_log_probability(tiny):

@@ -97,6 +97,18 @@ def test_every_criterion_is_registered_in_the_file_of_its_name():
     assert not bad, "\n".join(bad)
 
 
+def test_the_one_pass_nats_are_registered():
+    criterions, models, archs, _ = _plugin_registries()
+    assert {"dag_loss", "glat_loss", "ctc_nat_loss"} <= set(criterions)
+    assert {"da_transformer", "glat", "ctc_nat"} <= set(models)
+    assert {"da_transformer", "da_transformer_small", "da_transformer_tiny", "glat", "glat_small",
+            "glat_tiny"} <= set(archs)
+    from fairseq.criterions import CRITERION_DATACLASS_REGISTRY
+
+    for name in ("ctc_nat_loss", "glat_loss", "dag_loss"):  # glancing: --glat-ratio-start/-end
+        assert {"glat_ratio_start", "glat_ratio_end"} <= set(CRITERION_DATACLASS_REGISTRY[name].__dataclass_fields__)
+
+
 def _generator_classes():
     """{module stem: [generator classes defined there]} for every module of fairseq_nat_ext/generators/
     (a generator: a class with ``generate``)."""

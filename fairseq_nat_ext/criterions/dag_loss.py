@@ -108,8 +108,8 @@ def dag_log_likelihood(match, links, graph_lengths, target_lengths):
 @torch.no_grad()
 def dag_best_alignment(match, links, graph_lengths, target_lengths):
     """The most probable path emitting the target: max instead of the sum of :func:`dag_log_likelihood`.
-    -> (path (B, M) long: the vertex a_k of target token k, -1 beyond the target; score (B,): its log-prob,
-    -inf where no path exists)."""
+    -> (path (B, M) long: the vertex a_k of target token k, -1 beyond the target and on every row without a
+    path; score (B,): its log-prob, -inf where no path exists)."""
     B, M, L = match.shape
     match = upcast(match)
     links = valid_links(upcast(links), graph_lengths)
@@ -136,7 +136,7 @@ def dag_best_alignment(match, links, graph_lengths, target_lengths):
         if k > 0:
             prev = back[k - 1][rows, v]
             v = torch.where(on, prev, v)
-    return path, score
+    return path.masked_fill(~torch.isfinite(score).unsqueeze(1), -1), score
 
 
 @register_criterion("dag_loss", dataclass=DAGLossConfig)
