@@ -476,6 +476,49 @@ def test_generate_each_decoder_in_process(tiny, method):
             assert abs(float(h["score"]) - ref / toks.numel()) < 1e-4
 
 
+@pytest.mark.parametrize("lenpen", [0.0, 1.0, 3.0])
+def test_generate_viterbi_equals_brute_force_argmax_over_the_models_paths(tiny, lenpen):
+    """fairseq-generate's Viterbi on a real model: every path of the graph with each vertex's best allowed
+    token (<s> / </s> at the ends), scored from the model's own outputs, the best by joint / vertices^lenpen."""
+    task, model, _ = tiny
+    model.eval()
+    d = task.target_dictionary
+    g = DAGenerator([model], d, dag_decoder="viterbi", lenpen=lenpen)
+    pad = model.pad
+    src, src_lengths = torch.tensor([[pad, 5, 6, 2], [7, 8, 9, 2]]), torch.tensor([3, 4])  # 12, 16 vertices
+    hyps = g.generate([model], {"net_input": {"src_tokens": src, "src_lengths": src_lengths}})
+    with torch.no_grad():
+        enc = model.encoder(src, src_lengths=src_lengths)
+        lp, links, lengths = model.decoder(enc, normalize=True)
+    forbidden = sorted({int(t) for t in g.forbidden})
+    e, best_tok = vertex_scores(lp, lengths, bos=d.bos(), eos=d.eos(), forbidden=forbidden)
+    for b in range(2):
+        L = int(lengths[b])
+        best = max(paths(L), key=lambda p: path_score(links[b], e[b], p) / len(p) ** lenpen)
+        h = hyps[b][0]
+        assert h["dag_path"].tolist() == list(best)
+        assert h["tokens"].tolist() == [int(best_tok[b, v]) for v in best[1:]]
+
+
+@pytest.mark.parametrize("method", ["greedy", "lookahead", "viterbi", "beam"])
+def test_generate_on_a_padded_batch_equals_each_sentence_alone(tiny, method):
+    task, model, _ = tiny
+    model.eval()
+    pad = model.pad
+    g = DAGenerator([model], task.target_dictionary, dag_decoder=method, beam_size=3, topk=2)
+    src = torch.tensor([[pad, pad, 5, 2], [7, 8, 9, 2], [pad, 11, 6, 2]])
+    src_lengths = torch.tensor([2, 4, 3])
+    together = g.generate([model], {"net_input": {"src_tokens": src, "src_lengths": src_lengths}})
+    for b in range(3):
+        n = int(src_lengths[b])
+        alone = g.generate([model], {"net_input": {"src_tokens": src[b:b + 1, -n:],
+                                                   "src_lengths": src_lengths[b:b + 1]}})[0][0]
+        h = together[b][0]
+        assert h["tokens"].tolist() == alone["tokens"].tolist()
+        assert h["dag_path"].tolist() == alone["dag_path"].tolist()
+        assert abs(float(h["score"]) - float(alone["score"])) < 1e-4
+
+
 def test_generate_path_scores_are_the_joint_log_probability(tiny):
     task, model, _ = tiny
     model.eval()
