@@ -330,6 +330,7 @@ TINY_ARGS = ["--arch", "da_transformer_tiny", "--criterion", "dag_loss", "--dag-
 
 @pytest.fixture(scope="module")
 def tiny(toy_databin):
+    torch.manual_seed(0)  # the same untrained model whatever ran before
     task, model, args = build_model_and_task(toy_databin[0], TINY_ARGS)
     return task, model, args
 
