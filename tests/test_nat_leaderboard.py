@@ -101,7 +101,8 @@ def test_table_and_methods_block(tmp_path):
     assert "../benchmarks/results/nat_leaderboard/blind/x.test_2017_flickr.txt" in lines[1]
     assert "| 2 |" in lines[2]
     methods = leaderboard.methods_table(results, link_dir=str(REPO))
-    assert "| `ctc_nat` | `beam=1` (seed 2) | 29.50 |" in methods and "1000 updates" in methods
+    assert "| `ctc_nat` | `beam=1` | 1, 2 | 30.00 / 29.50 | 55.00 / 55.00 |" in methods and "1000 updates" in methods
+    assert methods.index("`fairseq:transformer`") < methods.index("`ctc_nat`")  # by mean BLEU
     assert tables.leaderboard.is_leaderboard(results) and not leaderboard.is_leaderboard(_results([]))
     png = leaderboard.draw_chart(results, str(tmp_path / "c.png"))
     assert os.path.getsize(png) > 10000
