@@ -102,12 +102,12 @@ def methods_table(results, link_dir=None):
     lines = ["| system | decoding | seeds | BLEU | chrF | x teacher b1 | x teacher b128 | decoder passes |",
              "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     columns = (lambda r: f"{r['bleu']:.2f}", lambda r: f"{r['chrf']:.2f}", lambda r: f"{speedups(r)[0]:.2f}x",
-               lambda r: f"{speedups(r)[1]:.2f}x", lambda r: f"{r['decoder_passes']:.1f}")
+               lambda r: f"{speedups(r)[1]:.2f}x")
     for (system, decoding), rs in sorted(groups.items(), key=lambda kv: -sum(r["bleu"] for r in kv[1]) / len(kv[1])):
         seeds = ", ".join(str(r["seed"]) for r in rs)
-        values = " | ".join(" / ".join(dict.fromkeys(col(r) for r in rs)) if col is columns[-1]
-                            else " / ".join(col(r) for r in rs) for col in columns)  # passes: once if equal
-        lines.append(f"| `{system}` | `{decoding}` | {seeds} | {values} |")
+        values = [" / ".join(col(r) for r in rs) for col in columns]
+        values.append(" / ".join(dict.fromkeys(f"{r['decoder_passes']:.1f}" for r in rs)))  # once if equal
+        lines.append(f"| `{system}` | `{decoding}` | {seeds} | {' | '.join(values)} |")
     from .tables import hyp_link
 
     rel = os.path.relpath(PATH, REPO).replace(os.sep, "/")

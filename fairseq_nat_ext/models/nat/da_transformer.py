@@ -212,8 +212,8 @@ class DATransformerModel(PluginNATModel):
         B, L, _ = lprobs.shape
         M = targets.size(1)
         match = lprobs.gather(-1, targets.unsqueeze(1).expand(-1, L, -1)).transpose(1, 2)
-        path, score = dag_best_alignment(match, links, lengths, target_lengths)
-        on = (path >= 0) & torch.isfinite(score).unsqueeze(1)
+        path, _ = dag_best_alignment(match, links, lengths, target_lengths)
+        on = path >= 0  # -1 beyond the target and on pairs without a path
         pred = lprobs.argmax(-1).gather(1, path.clamp(min=0))  # (B, M)
         reveal = glancing_reveal(on & pred.ne(targets), ratio)
         glanced = targets.new_full((B, L), self.pad)
