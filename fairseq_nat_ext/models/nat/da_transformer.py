@@ -203,9 +203,9 @@ class DATransformerModel(PluginNATModel):
     @torch.no_grad()
     def glance(self, encoder_out, graph, targets, target_lengths, ratio):
         """GLAT over the DAG: first pass without gradient, best path emitting the target (Viterbi), d = its
-        argmax tokens' Hamming distance to the target; reveal round(ratio * d) wrong vertices of the path
-        (random among the wrong ones).  -> (glanced (B, L) target tokens at the revealed vertices, ``pad``
-        elsewhere; number revealed)."""
+        argmax tokens' Hamming distance to the target (``<s>`` / ``</s>`` vertices included, as the reference
+        code counts them); reveal round(ratio * d) wrong vertices of the path (random among the wrong ones).
+        -> (glanced (B, L) target tokens at the revealed vertices, ``pad`` elsewhere; number revealed)."""
         from ...criterions.dag_loss import dag_best_alignment
 
         lprobs, links, lengths = self.decoder(encoder_out, graph=graph, normalize=True)
