@@ -111,9 +111,12 @@ def methods_table(results, link_dir=None):
     from .tables import hyp_link
 
     rel = os.path.relpath(PATH, REPO).replace(os.sep, "/")
-    lines += ["", f"From [`{os.path.basename(rel)}`]({hyp_link(rel, link_dir)}) (every trained row "
-              f"{', '.join(map(str, budgets)) or DASH} updates; {results['hardware']}); all columns and the "
-              "commands: [docs/leaderboard.md](" + hyp_link("docs/leaderboard.md", link_dir) + ")."]
+    lines += ["", f"From [`{os.path.basename(rel)}`]({hyp_link(rel, link_dir)}) (every NAT row "
+              f"{', '.join(map(str, budgets)) or DASH} updates from the teacher's weights or, for the Imputer, this "
+              f"table's CTC model; {results['hardware']}); all columns and the "
+              "commands: [docs/leaderboard.md](" + hyp_link("docs/leaderboard.md", link_dir) + "); the decoding keys: "
+              "[docs/benchmarks.md](" + hyp_link("docs/benchmarks.md", link_dir)
+              + "#decoding-keys-and-their-fairseq-generate-flags)."]
     return "\n".join(lines) + "\n"
 
 

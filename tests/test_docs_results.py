@@ -129,3 +129,18 @@ def test_pages_name_no_tracker_items_and_keep_their_sizes():
     assert not bad, "\n".join(bad)
     size = {p: os.path.getsize(os.path.join(ROOT, p)) for p in ("docs/nat.md", "docs/benchmarks.md", "README.md")}
     assert size["docs/nat.md"] < 40_000 and size["docs/benchmarks.md"] < 30_000 and size["README.md"] < 15_000, size
+
+
+def test_every_decoding_key_has_its_row_in_the_key_table():
+    """Each key of ``evaluation/decoding.py`` (the ``decoding`` column of every table) is explained in
+    docs/benchmarks.md's key table, and the table explains no key the parser does not know."""
+    from fairseq_nat_ext.evaluation.decoding import KEYS
+
+    text = _text(os.path.join(ROOT, "docs", "benchmarks.md"))
+    section = text.split("## Decoding keys", 1)[1].split("\n## ", 1)[0]
+    documented = set()
+    for line in section.splitlines():
+        m = re.match(r"\| ((?:`[a-z_]+=[^`]*`(?:, )?)+) \|", line)
+        if m:
+            documented |= set(re.findall(r"`([a-z_]+)=", m.group(1)))
+    assert documented == set(KEYS), (sorted(set(KEYS) - documented), sorted(documented - set(KEYS)))
