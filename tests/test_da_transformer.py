@@ -251,13 +251,46 @@ def test_exhaustive_beam_equals_joint_viterbi(lenpen):
     last = e[torch.arange(B), lengths - 1].float()
     toks, n, joint, norm, bpath = dag_beam_search(links.float(), top_lp, top_tok, first, last, lengths, beam=500,
                                                   lenpen=lenpen)
+    assert toks.shape[:2] == n.shape == joint.shape == norm.shape == bpath.shape[:2] == (B, 1)
     vpath, vn, vjoint = dag_viterbi(links, e, lengths, lenpen)
     for b in range(B):
         m = int(vn[b])
-        assert toks[b, : int(n[b])].tolist() == best[b, vpath[b, 1:m - 1]].tolist()
-        assert bpath[b, : m].tolist() == vpath[b, :m].tolist()
-        assert abs(float(joint[b]) - float(vjoint[b])) < 1e-4
-        assert abs(float(norm[b]) - float(vjoint[b]) / m ** lenpen) < 1e-4
+        assert toks[b, 0, : int(n[b, 0])].tolist() == best[b, vpath[b, 1:m - 1]].tolist()
+        assert bpath[b, 0, : m].tolist() == vpath[b, :m].tolist()
+        assert abs(float(joint[b, 0]) - float(vjoint[b])) < 1e-4
+        assert abs(float(norm[b, 0]) - float(vjoint[b]) / m ** lenpen) < 1e-4
+
+
+@pytest.mark.parametrize("lenpen", [0.0, 1.0])
+def test_exhaustive_beam_nbest_equals_the_brute_force_best_hypotheses(lenpen):
+    """--nbest F with a beam holding every partial hypothesis: the F best (path, tokens) hypotheses of all,
+    best first, by joint log-prob / vertices^lenpen (enumerated: every path x every token at each vertex)."""
+    V, allowed, F = 7, (4, 5, 6), 5
+    links, lprobs, lengths = random_graph(3, 6, V, seed=37)
+    B, L = lprobs.shape[:2]
+    inner = (torch.arange(L).view(1, L) > 0) & (torch.arange(L).view(1, L) < (lengths - 1).view(B, 1))
+    top_lp = lprobs[:, :, list(allowed)].float().masked_fill(~inner.unsqueeze(-1), NEG)
+    top_tok = torch.tensor(allowed).expand(B, L, -1).clone()
+    first, last = lprobs[:, 0, 0].float(), lprobs[torch.arange(B), lengths - 1, 2].float()
+    toks, n, joint, norm, bpath = dag_beam_search(links.float(), top_lp, top_tok, first, last, lengths, beam=500,
+                                                  lenpen=lenpen, nbest=F)
+    for b in range(B):
+        Lb = int(lengths[b])
+        every = []
+        for p in paths(Lb):
+            for ys in itertools.product(allowed, repeat=len(p) - 2):
+                j = float(first[b]) + float(last[b]) + sum(float(links[b, p[k], p[k + 1]]) for k in range(len(p) - 1)) \
+                    + sum(float(lprobs[b, v, t]) for v, t in zip(p[1:-1], ys))
+                every.append((j / len(p) ** lenpen, j, p, list(ys)))
+        every.sort(key=lambda h: -h[0])
+        want = every[:F]
+        for f in range(F):
+            if f >= len(want):  # fewer hypotheses than F (a short graph): the slot is empty
+                assert torch.isneginf(norm[b, f])
+                continue
+            m = int(n[b, f])
+            assert abs(float(norm[b, f]) - want[f][0]) < 1e-4 and abs(float(joint[b, f]) - want[f][1]) < 1e-4
+            assert bpath[b, f, : m + 2].tolist() == list(want[f][2]) and toks[b, f, :m].tolist() == want[f][3]
 
 
 def test_small_beam_returns_a_valid_hypothesis_with_its_joint_score():
@@ -271,6 +304,7 @@ def test_small_beam_returns_a_valid_hypothesis_with_its_joint_score():
     top_tok = allowed[idx]
     first, last = lprobs[:, 0, 0].float(), lprobs[torch.arange(B), lengths - 1, 2].float()
     toks, n, joint, _, p = dag_beam_search(links.float(), top_lp, top_tok, first, last, lengths, beam=3)
+    toks, n, joint, p = toks[:, 0], n[:, 0], joint[:, 0], p[:, 0]
     for b in range(B):
         m = int(n[b])
         path = p[b, : m + 2].tolist()
@@ -479,6 +513,41 @@ def test_generate_each_decoder_in_process(tiny, method):
             assert abs(float(h["score"]) - ref / toks.numel()) < 1e-4
 
 
+@pytest.mark.parametrize("method", ["beam", "sample"])
+def test_generate_nbest_returns_the_best_hypotheses_best_first(tiny, method):
+    """--nbest 3: beam's three best finished hypotheses, sample's three best candidates, by the decoder's own
+    ranking (joint / vertices^lenpen; recomputed here from the model's outputs for sample), the first the
+    nbest 1 output; the one-path decoders keep one hypothesis."""
+    task, model, _ = tiny
+    model.eval()
+    d = task.target_dictionary
+    src = {"net_input": {"src_tokens": torch.tensor([[1, 5, 6, 2], [7, 8, 9, 2]]), "src_lengths": torch.tensor([3, 4])}}
+    opts = dict(dag_decoder=method, beam_size=4, sample_size=6, topk=3)
+    torch.manual_seed(3)
+    one = DAGenerator([model], d, **opts).generate([model], src)
+    torch.manual_seed(3)
+    three = DAGenerator([model], d, nbest=3, **opts).generate([model], src)
+    with torch.no_grad():
+        enc = model.encoder(src["net_input"]["src_tokens"], src_lengths=src["net_input"]["src_lengths"])
+        lp, links, _ = model.decoder(enc, normalize=True)
+    for b in range(2):
+        assert len(one[b]) == 1 and len(three[b]) == 3
+        assert three[b][0]["tokens"].tolist() == one[b][0]["tokens"].tolist()
+        assert three[b][0]["dag_path"].tolist() == one[b][0]["dag_path"].tolist()
+        ranks = []
+        for h in three[b]:
+            path, ys = h["dag_path"].tolist(), [d.bos()] + h["tokens"].tolist()
+            joint = sum(float(links[b, path[k], path[k + 1]]) for k in range(len(path) - 1)) \
+                + sum(float(lp[b, v, t]) for v, t in zip(path, ys))
+            ranks.append(joint / len(path))  # lenpen 1
+            assert abs(float(h["score"]) - joint / h["tokens"].numel()) < 1e-4
+        assert ranks == sorted(ranks, reverse=True) and len({tuple(h["dag_path"].tolist()) for h in three[b]}) > 1
+    g = DAGenerator([model], d, dag_decoder="viterbi", nbest=3)
+    assert all(len(h) == 1 for h in g.generate([model], src))
+    with pytest.raises(InputError, match="--nbest"):
+        DAGenerator([model], d, nbest=0)
+
+
 @pytest.mark.parametrize("lenpen", [0.0, 1.0, 3.0])
 def test_generate_viterbi_equals_brute_force_argmax_over_the_models_paths(tiny, lenpen):
     """fairseq-generate's Viterbi on a real model: every path of the graph with each vertex's best allowed
@@ -548,6 +617,13 @@ def test_train_then_fairseq_generate_with_each_decoder(toy_databin, dat_ckpt, me
                     "--dag-beam-size", "3", "--dag-sample-size", "3"])
     assert sorted(_hyps(proc.stdout)) == list(range(40)), proc.stdout[-2000:]
     assert "BLEU4" in proc.stdout
+
+
+def test_fairseq_generate_beam_prints_nbest_hypotheses(toy_databin, dat_ckpt):
+    proc = run_cli(["fairseq-generate", toy_databin[0], "--user-dir", PLUGIN_DIR, "--task", "nat_translation",
+                    "--path", dat_ckpt, "--gen-subset", "test", "--batch-size", "16", "--dag-decoder", "beam",
+                    "--dag-beam-size", "3", "--nbest", "2"])
+    assert len(re.findall(r"^H-0\t", proc.stdout, re.M)) == 2, proc.stdout[-2000:]
 
 
 def test_fairseq_generate_bad_decoder_is_one_line(toy_databin, dat_ckpt):

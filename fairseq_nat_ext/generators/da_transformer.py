@@ -27,7 +27,9 @@ e(j) below is the best token log-prob of vertex j (log P(<s> | v_0), log P(</s> 
 Consecutive identical tokens are NOT collapsed (the DA-Transformer has no CTC collapse; the paper's
 reference code merges them: add the task's ``--collapse-repeats`` to do so).  Outputs hold at most
 ``--max-target-positions`` - 2 tokens before ``</s>`` (longer greedy/lookahead/sample paths are cut; Viterbi
-and beam search consider no longer hypothesis).  One model only (no ``--path`` ensembles).
+and beam search consider no longer hypothesis).  One model only (no ``--path`` ensembles).  ``--nbest`` F:
+``beam`` returns the F best finished hypotheses of its search (F <= ``--dag-beam-size``), ``sample`` its F
+best candidates, best first; ``greedy``, ``lookahead`` and ``viterbi`` one hypothesis per sentence.
 Hypotheses: tokens (ending in ``</s>``), score (the joint log-prob per output token, ``</s>`` included),
 positional_scores (each token's log-prob plus the transition into its vertex; ``</s>`` also carries
 ``<s>``'s; their sum is log P(A, Y | X); beam: the score spread evenly), alignment=None, steps=1 (one
@@ -113,18 +115,19 @@ def dag_viterbi(links, vertex_scores, lengths, lenpen=1.0, max_vertices=None):
     return path, n, joint
 
 
-def dag_beam_search(links, top_lp, top_tok, first_lp, last_lp, lengths, beam, lenpen=1.0, max_len=None):
+def dag_beam_search(links, top_lp, top_tok, first_lp, last_lp, lengths, beam, lenpen=1.0, max_len=None, nbest=1):
     """Beam search over the DAG (see the module doc).  links (B, L, L) log transitions; top_lp, top_tok
     (B, L, T): each vertex's T candidate tokens and their log-probs (-inf: none); first_lp, last_lp (B,):
-    log P(<s> | v_0), log P(</s> | v_{L-1}); ``max_len``: longest content.  -> (tokens (B, N) content padded
-    with -1, content lengths (B,), joint scores (B,), normalised scores (B,), paths (B, N + 2) with -1)."""
+    log P(<s> | v_0), log P(</s> | v_{L-1}); ``max_len``: longest content; ``nbest`` F: the F best finished
+    hypotheses of the whole search are kept.  -> (tokens (B, F, N) content padded with -1, content lengths
+    (B, F), joint scores (B, F), normalised scores (B, F), paths (B, F, N + 2) with -1), best first (a slot
+    without a hypothesis: normalised score -inf)."""
     B, L, T = top_lp.shape
     dev = links.device
     K = int(beam)
     links = valid_links(links.float(), lengths)
     max_len = L - 2 if max_len is None else min(int(max_len), L - 2)
     N = max(max_len, 1)
-    rows = torch.arange(B, device=dev)
     last = lengths - 1
     vert = torch.zeros((B, K), dtype=torch.long, device=dev)
     score = torch.full((B, K), NEG_INF, device=dev)
@@ -133,26 +136,29 @@ def dag_beam_search(links, top_lp, top_tok, first_lp, last_lp, lengths, beam, le
     paths = torch.full((B, K, N + 2), -1, dtype=torch.long, device=dev)
     paths[:, :, 0] = 0
     n = torch.zeros((B, K), dtype=torch.long, device=dev)
-    fin_norm = torch.full((B,), NEG_INF, device=dev)
-    fin_joint = torch.full((B,), NEG_INF, device=dev)
-    fin_toks = torch.full((B, N), -1, dtype=torch.long, device=dev)
-    fin_n = torch.zeros(B, dtype=torch.long, device=dev)
-    fin_path = torch.full((B, N + 2), -1, dtype=torch.long, device=dev)
+    F = int(nbest)
+    fin_norm = torch.full((B, F), NEG_INF, device=dev)
+    fin_joint = torch.full((B, F), NEG_INF, device=dev)
+    fin_toks = torch.full((B, F, N), -1, dtype=torch.long, device=dev)
+    fin_n = torch.zeros((B, F), dtype=torch.long, device=dev)
+    fin_path = torch.full((B, F, N + 2), -1, dtype=torch.long, device=dev)
     inner = torch.arange(L, device=dev).view(1, 1, L) < last.view(B, 1, 1)  # intermediate vertices
     for _ in range(max_len + 1):
         out = links.gather(1, vert.unsqueeze(-1).expand(B, K, L))  # (B, K, L)
         # finish: move to the last vertex, which emits </s>
         end = score + out.gather(2, last.view(B, 1, 1).expand(B, K, 1)).squeeze(-1) + last_lp.float().unsqueeze(1)
         norm = end / (n + 2).float().pow(float(lenpen))
-        best, kb = norm.max(1)
-        better = best > fin_norm
-        fin_norm = torch.where(better, best, fin_norm)
-        fin_joint = torch.where(better, end[rows, kb], fin_joint)
-        fin_toks = torch.where(better.unsqueeze(1), toks[rows, kb], fin_toks)
-        fin_n = torch.where(better, n[rows, kb], fin_n)
-        p = paths[rows, kb].clone()
-        p.scatter_(1, (n[rows, kb] + 1).unsqueeze(1), last.unsqueeze(1))
-        fin_path = torch.where(better.unsqueeze(1), p, fin_path)
+        # the F best of the kept and the newly finished (stable: on a tie the one finished earlier stays)
+        keep = torch.cat([fin_norm, norm], 1).sort(dim=1, descending=True, stable=True)[1][:, :F]
+        p = paths.clone()
+        p.scatter_(2, (n + 1).unsqueeze(-1), last.view(B, 1, 1).expand(B, K, 1))
+
+        def pick(kept, new):
+            both = torch.cat([kept, new], 1)
+            return both.gather(1, keep.view(B, F, *([1] * (both.dim() - 2))).expand(B, F, *both.shape[2:]))
+
+        fin_norm, fin_joint, fin_n = pick(fin_norm, norm), pick(fin_joint, end), pick(fin_n, n)
+        fin_toks, fin_path = pick(fin_toks, toks), pick(fin_path, p)
         # grow: a later intermediate vertex j and one of its tokens
         cand = score.view(B, K, 1, 1) + out.masked_fill(~inner, NEG_INF).unsqueeze(-1) + top_lp.unsqueeze(1)
         cand = cand.masked_fill((n >= max_len).view(B, K, 1, 1), NEG_INF).view(B, -1)
@@ -230,7 +236,7 @@ class DAGenerator(NATGeneratorBase):
         self.dag_decoder, self.lenpen, self.beam_size = dag_decoder, lenpen, beam_size
         self.sample_size, self.topk = sample_size, topk
         self.teacher, self.teacher_path, self.npd_rank = teacher, teacher_path, npd_rank
-        self.nbest = nbest
+        self.nbest = int(nbest)
         self._check()
 
     @classmethod
@@ -238,7 +244,7 @@ class DAGenerator(NATGeneratorBase):
         g = lambda name: getattr(args, name, None)  # noqa: E731
         return cls(models, tgt_dict, dag_decoder=g("dag_decoder"), lenpen=g("dag_viterbi_lenpen"),
                    beam_size=g("dag_beam_size"), sample_size=g("dag_sample_size"), topk=g("dag_topk"),
-                   teacher_path=g("npd_teacher"), npd_rank=g("npd_rank"),
+                   teacher_path=g("npd_teacher"), npd_rank=g("npd_rank"), nbest=g("nbest") or 1,
                    retain_history=getattr(args, "retain_iter_history", False))
 
     def configure(self, task_cfg):
@@ -270,6 +276,8 @@ class DAGenerator(NATGeneratorBase):
                 raise InputError(f"{name} must be >= 1, got {v}")
         if self.lenpen is not None and not float(self.lenpen) == float(self.lenpen):
             raise InputError(f"--dag-viterbi-lenpen must be a number, got {self.lenpen}")
+        if self.nbest < 1:
+            raise InputError(f"--nbest must be >= 1, got {self.nbest}")
         if self.npd_rank is not None and self.npd_rank not in ("total", "mean"):
             raise InputError(f"--npd-rank must be one of total, mean, got {self.npd_rank!r}")
 
@@ -349,15 +357,21 @@ class DAGenerator(NATGeneratorBase):
         top_lp, top_tok = self.vertex_topk(model, feats, lengths, self._opt("topk", 5))
         if method == "beam":
             first, last = e[:, 0], e[torch.arange(e.size(0), device=e.device), lengths - 1]
-            toks, n, joint, _, path = dag_beam_search(links, top_lp, top_tok, first, last, lengths,
-                                                      self._opt("beam_size", 5), lenpen, max_len=self.max_len)
+            K = self._opt("beam_size", 5)
+            toks, n, joint, norm, path = dag_beam_search(links, top_lp, top_tok, first, last, lengths, K, lenpen,
+                                                         max_len=self.max_len, nbest=min(self.nbest, K))
             out = []
             for b in range(toks.size(0)):
-                m = int(n[b])
-                s = joint[b] / (m + 1)
-                out.append([{"tokens": self._with_eos(toks[b, :m]), "score": s,
-                             "positional_scores": s.expand(m + 1).clone(), "alignment": None, "steps": 1,
-                             "dag_path": path[b, : m + 2].clone()}])
+                hyps = []
+                for f in range(toks.size(1)):
+                    if f > 0 and not bool(torch.isfinite(norm[b, f])):
+                        break
+                    m = int(n[b, f])
+                    s = joint[b, f] / (m + 1)
+                    hyps.append({"tokens": self._with_eos(toks[b, f, :m]), "score": s,
+                                 "positional_scores": s.expand(m + 1).clone(), "alignment": None, "steps": 1,
+                                 "dag_path": path[b, f, : m + 2].clone()})
+                out.append(hyps)
             return out
         return self._sample(net, links, e, best, top_lp, top_tok, lengths, lenpen)
 
@@ -401,13 +415,16 @@ class DAGenerator(NATGeneratorBase):
                                    self.eos, rank=self.npd_rank or "total")
         else:
             score = joint / (clen + 2).float().pow(lenpen)
-        pick = score.view(B, S).argmax(1) + torch.arange(B, device=path.device) * S
+        # the nbest best candidates of each sentence, best first (stable: the lookahead output wins a tie)
+        ranked = score.view(B, S).sort(dim=1, descending=True, stable=True)[1][:, : min(self.nbest, S)]
         out = []
         for b in range(B):
-            r = int(pick[b])
-            hyp = self._hypothesis(content[r], clen[r], plen[r], pos[r], path[r])
-            hyp["dag_sample_scores"] = score[b * S:(b + 1) * S].clone()
-            out.append([hyp])
+            hyps = []
+            for r in (ranked[b] + b * S).tolist():
+                hyp = self._hypothesis(content[r], clen[r], plen[r], pos[r], path[r])
+                hyp["dag_sample_scores"] = score[b * S:(b + 1) * S].clone()
+                hyps.append(hyp)
+            out.append(hyps)
         return out
 
     # -- hypotheses -----------------------------------------------------------------------------------------
