@@ -542,10 +542,20 @@ def test_generate_nbest_returns_the_best_hypotheses_best_first(tiny, method):
             ranks.append(joint / len(path))  # lenpen 1
             assert abs(float(h["score"]) - joint / h["tokens"].numel()) < 1e-4
         assert ranks == sorted(ranks, reverse=True) and len({tuple(h["dag_path"].tolist()) for h in three[b]}) > 1
+        if method == "sample":  # the three best of all the candidates scored
+            want = sorted(three[b][0]["dag_sample_scores"].tolist(), reverse=True)[:3]
+            assert all(abs(r - w) < 1e-4 for r, w in zip(ranks, want))
     g = DAGenerator([model], d, dag_decoder="viterbi", nbest=3)
     assert all(len(h) == 1 for h in g.generate([model], src))
-    with pytest.raises(InputError, match="--nbest"):
-        DAGenerator([model], d, nbest=0)
+    for bad in (0, None):
+        with pytest.raises(InputError, match="--nbest"):
+            DAGenerator([model], d, nbest=bad)
+
+    class Args:
+        nbest = 0
+
+    with pytest.raises(InputError, match="--nbest"):  # fairseq-generate --nbest 0
+        DAGenerator.from_generation_args([model], d, Args)
 
 
 @pytest.mark.parametrize("lenpen", [0.0, 1.0, 3.0])

@@ -236,7 +236,7 @@ class DAGenerator(NATGeneratorBase):
         self.dag_decoder, self.lenpen, self.beam_size = dag_decoder, lenpen, beam_size
         self.sample_size, self.topk = sample_size, topk
         self.teacher, self.teacher_path, self.npd_rank = teacher, teacher_path, npd_rank
-        self.nbest = int(nbest)
+        self.nbest = nbest
         self._check()
 
     @classmethod
@@ -244,7 +244,7 @@ class DAGenerator(NATGeneratorBase):
         g = lambda name: getattr(args, name, None)  # noqa: E731
         return cls(models, tgt_dict, dag_decoder=g("dag_decoder"), lenpen=g("dag_viterbi_lenpen"),
                    beam_size=g("dag_beam_size"), sample_size=g("dag_sample_size"), topk=g("dag_topk"),
-                   teacher_path=g("npd_teacher"), npd_rank=g("npd_rank"), nbest=g("nbest") or 1,
+                   teacher_path=g("npd_teacher"), npd_rank=g("npd_rank"), nbest=1 if g("nbest") is None else g("nbest"),
                    retain_history=getattr(args, "retain_iter_history", False))
 
     def configure(self, task_cfg):
@@ -276,8 +276,8 @@ class DAGenerator(NATGeneratorBase):
                 raise InputError(f"{name} must be >= 1, got {v}")
         if self.lenpen is not None and not float(self.lenpen) == float(self.lenpen):
             raise InputError(f"--dag-viterbi-lenpen must be a number, got {self.lenpen}")
-        if self.nbest < 1:
-            raise InputError(f"--nbest must be >= 1, got {self.nbest}")
+        if not isinstance(self.nbest, int) or self.nbest < 1:
+            raise InputError(f"--nbest must be an integer >= 1, got {self.nbest!r}")
         if self.npd_rank is not None and self.npd_rank not in ("total", "mean"):
             raise InputError(f"--npd-rank must be one of total, mean, got {self.npd_rank!r}")
 
