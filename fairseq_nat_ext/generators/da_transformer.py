@@ -29,7 +29,8 @@ reference code merges them: add the task's ``--collapse-repeats`` to do so).  Ou
 ``--max-target-positions`` - 2 tokens before ``</s>`` (longer greedy/lookahead/sample paths are cut; Viterbi
 and beam search consider no longer hypothesis).  One model only (no ``--path`` ensembles).  ``--nbest`` F:
 ``beam`` returns the F best finished hypotheses of its search (F <= ``--dag-beam-size``), ``sample`` its F
-best candidates, best first; ``greedy``, ``lookahead`` and ``viterbi`` one hypothesis per sentence.
+best candidates (not deduplicated: a sample may repeat the lookahead output), best first; ``greedy``,
+``lookahead`` and ``viterbi`` one hypothesis per sentence.
 Hypotheses: tokens (ending in ``</s>``), score (the joint log-prob per output token, ``</s>`` included),
 positional_scores (each token's log-prob plus the transition into its vertex; ``</s>`` also carries
 ``<s>``'s; their sum is log P(A, Y | X); beam: the score spread evenly), alignment=None, steps=1 (one
