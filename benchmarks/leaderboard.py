@@ -51,6 +51,22 @@ def pareto_front(points):
     return sorted(keep, key=lambda i: points[i][0])
 
 
+def machines(results):
+    """The machines the rows were decoded and timed on (``measured_on``), in order of first run."""
+    runs = sorted(results["rows"], key=lambda r: r["run"])
+    return "; ".join(dict.fromkeys(r["measured_on"] for r in runs))
+
+
+def measured_on(results):
+    """``machines`` with each machine's measuring runs (a run's rows share its teacher and its machine)."""
+    runs = {}
+    for r in sorted(results["rows"], key=lambda r: r["run"]):
+        runs.setdefault(r["measured_on"], {})[r["run"]] = None
+    if len(runs) == 1:
+        return next(iter(runs))
+    return "; ".join(f"{hw} (runs {', '.join(rs)})" for hw, rs in runs.items())
+
+
 def markdown_table(results, link_dir=None):
     """The leaderboard as a Markdown section (rows by decreasing test BLEU; links relative to
     ``link_dir``)."""
@@ -61,7 +77,7 @@ def markdown_table(results, link_dir=None):
         f"### {results['benchmark']}",
         "",
         f"- data: {results['data']}",
-        f"- measured on: {results['hardware']}, {results['threads']} torch threads (speed-ups against the "
+        f"- measured on: {measured_on(results)}, {results['threads']} torch threads (speed-ups against the "
         "teacher's beam 5 measured in the same run as the row)",
         f"- sacreBLEU: `{results['sacrebleu_signature']}`; chrF: sacreBLEU's default chrF",
         "",
@@ -113,7 +129,7 @@ def methods_table(results, link_dir=None):
     rel = os.path.relpath(PATH, REPO).replace(os.sep, "/")
     lines += ["", f"From [`{os.path.basename(rel)}`]({hyp_link(rel, link_dir)}) (every NAT row "
               f"{', '.join(map(str, budgets)) or DASH} updates from the teacher's weights or, for the Imputer, this "
-              f"table's CTC model; {results['hardware']}); all columns and the "
+              f"table's CTC model; measured on {machines(results)}); all columns and the "
               "commands: [docs/leaderboard.md](" + hyp_link("docs/leaderboard.md", link_dir) + "); the decoding keys: "
               "[docs/benchmarks.md](" + hyp_link("docs/benchmarks.md", link_dir)
               + "#decoding-keys-and-their-fairseq-generate-flags)."]

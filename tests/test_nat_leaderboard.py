@@ -24,7 +24,7 @@ def _row(**kw):
            "train_updates": 1000, "train_wall_s": 3600.0, "hyp": "benchmarks/results/nat_leaderboard/x.txt",
            "chrf": 55.0, "valid_bleu": 31.0, "valid_chrf": 56.0, "decoder_passes": 1.0, "seed": 1,
            "max_tokens": 4096, "train_wps": 800.0, "init": "teacher", "trained_on": "CPU, 2 cores",
-           "run": "r1", "teacher_latency_ms_b1": 100.0, "teacher_sent_per_s_b128": 40.0,
+           "measured_on": "CPU, 2 cores", "run": "r1", "teacher_latency_ms_b1": 100.0, "teacher_sent_per_s_b128": 40.0,
            "blind": {"test_2017_flickr": "benchmarks/results/nat_leaderboard/blind/x.test_2017_flickr.txt"},
            "command": "examples/train_ctc.sh D S"}
     row.update(kw)
@@ -34,6 +34,21 @@ def _row(**kw):
 def _results(rows):
     return {"benchmark": "nat_leaderboard", "data": "d", "hardware": "h", "threads": 2, "command": "c",
             "sacrebleu_signature": "s", "rows": rows}
+
+
+def test_rows_measured_on_two_machines_name_both_with_their_runs():
+    """Speed-ups hold within a run; a table whose runs ran on two machines says which run ran where (the
+    file's own "hardware" is only its latest run's)."""
+    rows = [_row(), _row(decoding="beam=5", run="r2", measured_on="Other CPU, 2 cores")]
+    results = _results(rows)
+    assert res.validate_results(results) == []
+    md = leaderboard.markdown_table(results)
+    assert "- measured on: CPU, 2 cores (runs r1); Other CPU, 2 cores (runs r2), 2 torch threads" in md
+    assert "measured on CPU, 2 cores; Other CPU, 2 cores)" in leaderboard.methods_table(results)
+    one = leaderboard.markdown_table(_results([_row()]))
+    assert "- measured on: CPU, 2 cores, 2 torch threads" in one and "(runs" not in one
+    del rows[1]["measured_on"]
+    assert res.validate_results(results) != []  # a leaderboard row without its machine is refused
 
 
 def test_leaderboard_columns_all_or_none():

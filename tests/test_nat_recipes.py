@@ -47,6 +47,9 @@ def test_recipe_trains_and_resumes(toy_databin, tmp_path, recipe, env):
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     log = (save / "train.log").read_text()
     assert "Loaded checkpoint" in log and "num_updates 3" in log.replace("num_updates=", "num_updates ")
+    if recipe == "train_insertion.sh" and env.get("IMPL") == "fairseq":
+        # the recipe's default LOSS=binary_tree reaches fairseq's insertion_transformer as --label-tau
+        assert "label_tau=1.0" in log and "label_tau=None" not in log, log[:3000]
 
 
 @pytest.mark.parametrize("recipe", sorted({r for r, _ in RECIPES} | {"fertility.sh", "train_teacher.sh",
@@ -65,3 +68,15 @@ def test_usage_is_the_whole_header_comment_and_no_code(recipe):
     assert p.returncode == 2
     assert p.stderr.splitlines()[:len(header)] == header
     assert "set -euo" not in p.stderr
+
+
+def test_fairseq_insertion_with_an_unknown_loss_is_a_one_line_error(tmp_path):
+    """fairseq's insertion_transformer has two slot losses (--label-tau set or unset): another LOSS is an
+    error naming the option, before anything trains."""
+    e = cli_env()
+    e.update(IMPL="fairseq", LOSS="binarytree")
+    p = subprocess.run(["bash", os.path.join(ROOT, "examples", "train_insertion.sh"), str(tmp_path / "bin"),
+                        str(tmp_path / "run")], env=e, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1
+    assert p.stderr.strip() == "error: LOSS must be 'binary_tree' or 'uniform', got 'binarytree'"
+    assert not (tmp_path / "run").exists()

@@ -12,7 +12,7 @@ Schema (exactly these keys, nothing else, but the optional row keys below)::
           "wrong_language_rate": float, "mixed_language_rate": float
     optional, all or none (``run --leaderboard``, the NAT leaderboard's columns, :data:`LEADERBOARD_ROW_FIELDS`):
           "chrf", "valid_bleu", "valid_chrf", "decoder_passes", "train_wps", "teacher_latency_ms_b1",
-          "teacher_sent_per_s_b128": float; "seed", "max_tokens": int; "init", "trained_on", "run": str;
+          "teacher_sent_per_s_b128": float; "seed", "max_tokens": int; "init", "trained_on", "measured_on", "run": str;
           "command": str; "blind": {test set name: hypothesis file}
 
 * ``system``: the registered arch for this plugin's models (``mask_predict``), ``fairseq:<arch>`` for
@@ -85,6 +85,7 @@ LEADERBOARD_ROW_FIELDS = {
     "train_wps": float,                 # target tokens per second of training wall time (null: no log)
     "init": str,                        # what the weights started from ("scratch", "teacher", ...)
     "trained_on": str,                  # the machine the training ran on
+    "measured_on": str,                 # the machine the decoding and timing ran on (the run's)
     "run": str,                         # id of the measuring run (one call of the leaderboard script)
     "teacher_latency_ms_b1": float,     # the speed baseline measured in the same run
     "teacher_sent_per_s_b128": float,

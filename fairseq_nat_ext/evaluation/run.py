@@ -468,7 +468,8 @@ def _leaderboard_columns(args, board, system, generator, post, name, d, refs, sc
         "valid_chrf": scoring.sacrebleu_chrf(valid.detok_hyps, board["valid_refs"]).score,
         "decoder_passes": passes, "seed": board["seed"], "max_tokens": board["max_tokens"],
         "train_wps": board["train_wps"], "init": args.init, "trained_on": board["trained_on"],
-        "run": args.run_id, "teacher_latency_ms_b1": base_latency, "teacher_sent_per_s_b128": base_speed,
+        "measured_on": provenance.hardware_description(args.device), "run": args.run_id,
+        "teacher_latency_ms_b1": base_latency, "teacher_sent_per_s_b128": base_speed,
         "blind": blind, "command": provenance.portable_text(args.row_command) or "",
     }
     logger.info("%s %s: chrF %.2f, valid BLEU %.2f chrF %.2f, %.2f decoder passes, speed-up b1 %.2fx b%d %.2fx",
