@@ -51,17 +51,23 @@ def pareto_front(points):
     return sorted(keep, key=lambda i: points[i][0])
 
 
-def machines(results):
-    """The machines the rows were decoded and timed on (``measured_on``), in order of first run."""
-    runs = sorted(results["rows"], key=lambda r: r["run"])
-    return "; ".join(dict.fromkeys(r["measured_on"] for r in runs))
-
-
-def measured_on(results):
-    """``machines`` with each machine's measuring runs (a run's rows share its teacher and its machine)."""
+def runs_by_machine(results):
+    """{machine the rows were decoded and timed on (``measured_on``): its measuring runs}, both in order
+    of first run (a run's rows share its teacher and its machine)."""
     runs = {}
     for r in sorted(results["rows"], key=lambda r: r["run"]):
         runs.setdefault(r["measured_on"], {})[r["run"]] = None
+    return runs
+
+
+def machines(results):
+    """The machines of :func:`runs_by_machine`, joined."""
+    return "; ".join(runs_by_machine(results))
+
+
+def measured_on(results):
+    """The machines with their runs (just the machine when there is one)."""
+    runs = runs_by_machine(results)
     if len(runs) == 1:
         return next(iter(runs))
     return "; ".join(f"{hw} (runs {', '.join(rs)})" for hw, rs in runs.items())

@@ -423,7 +423,8 @@ def _leaderboard_setup(args, system, wall):
     return {"valid": (len(valid), inf.make_batches(task, models, valid, BATCH_SIZE_THROUGHPUT)),
             "valid_refs": valid_refs, "blind": blind, "seed": seed, "max_tokens": max_tokens,
             "train_wps": (words / wall) if words is not None and wall > 0 else None,
-            "trained_on": args.trained_on or provenance.hardware_description("cpu")}
+            "trained_on": args.trained_on or provenance.hardware_description("cpu"),
+            "measured_on": provenance.hardware_description(args.device)}
 
 
 def _speed_baseline(args, name, d, latency, speed):
@@ -468,7 +469,7 @@ def _leaderboard_columns(args, board, system, generator, post, name, d, refs, sc
         "valid_chrf": scoring.sacrebleu_chrf(valid.detok_hyps, board["valid_refs"]).score,
         "decoder_passes": passes, "seed": board["seed"], "max_tokens": board["max_tokens"],
         "train_wps": board["train_wps"], "init": args.init, "trained_on": board["trained_on"],
-        "measured_on": provenance.hardware_description(args.device), "run": args.run_id,
+        "measured_on": board["measured_on"], "run": args.run_id,
         "teacher_latency_ms_b1": base_latency, "teacher_sent_per_s_b128": base_speed,
         "blind": blind, "command": provenance.portable_text(args.row_command) or "",
     }
